@@ -1,0 +1,1 @@
+"""optimum-cli subcommands of optimum-executorch (argument parsing only)."""

@@ -1,0 +1,63 @@
+"""`optimum-cli export executorch`: argument parsing only; the work is `main_export`.
+
+This module is imported on every `optimum-cli` start: it must stay light (argparse and optimum's base
+command only). Everything heavy is imported inside `run`.
+"""
+
+from argparse import ArgumentParser
+
+from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
+
+
+def parse_args_executorch(parser: ArgumentParser) -> None:
+    required = parser.add_argument_group("Required arguments")
+    required.add_argument("-m", "--model", required=True, help="Local checkpoint directory or Hugging Face Hub id.")
+    required.add_argument("-o", "--output_dir", required=True, help="Directory to write the export to.")
+
+    optional = parser.add_argument_group("Optional arguments")
+    optional.add_argument("--task", default=None, help="Task to export for (default: inferred; 'text-generation').")
+    optional.add_argument("--recipe", default="xnnpack", help="Backend recipe: xnnpack (default) or portable.")
+    optional.add_argument(
+        "--max_seq_len",
+        type=int,
+        default=None,
+        help="Context of the program, prompt + generated tokens (default: min(2048, max_position_embeddings)).",
+    )
+    optional.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16.")
+    optional.add_argument("--gguf_file", default=None, help="A .gguf file in --model (or a path), dequantized on load.")
+    optional.add_argument("--revision", default=None, help="Hub revision: branch, tag or commit.")
+    optional.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="Allow modeling code shipped with the checkpoint to run. Review that code first.",
+    )
+    optional.add_argument("--cache_dir", default=None, help="Hugging Face cache directory.")
+    optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
+    optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
+
+
+class ExecuTorchExportCommand(BaseOptimumCLICommand):
+    COMMAND = CommandInfo(name="executorch", help="Export a Hugging Face model to an ExecuTorch program (.pte).")
+
+    @staticmethod
+    def parse_args(parser: ArgumentParser) -> None:
+        parse_args_executorch(parser)
+
+    def run(self) -> None:
+        import logging
+        import sys
+
+        logging.basicConfig(
+            level=logging.WARNING if self.args.quiet else logging.INFO,
+            format="%(asctime)s %(levelname)s %(message)s",
+            datefmt="%H:%M:%S",
+        )
+        from ..exporters import main_export
+
+        options = {k: v for k, v in vars(self.args).items() if k not in ("func", "quiet")}
+        try:
+            output_dir = main_export(**options)
+        except (ValueError, TypeError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        print(f"Exported to {output_dir}")

@@ -1,0 +1,162 @@
+"""`main_export()`: the one export pipeline that the CLI and `from_pretrained(export=True)` call.
+
+options -> config -> export config -> eager model -> wrapper -> torch.export -> recipe lowering ->
+output directory, written atomically (a failed export leaves nothing behind).
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
+from .configs import get_export_config
+from .loading import load_config, load_model, load_tokenizer
+from .options import ExportOptions
+from .recipes import get_recipe
+from .tasks import get_task
+
+logger = logging.getLogger(__name__)
+
+
+def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise FileExistsError(f"Output path '{output_dir}' exists and is not a directory. Choose another --output_dir.")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"Output directory '{output_dir}' exists and is not empty. Pass --overwrite to replace it, "
+            "or choose another --output_dir."
+        )
+
+
+def _package_versions() -> Dict[str, str]:
+    versions = {}
+    for name in ("optimum-executorch", "executorch", "torch", "torchao", "transformers", "optimum"):
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def export_programs(wrapper) -> Dict[str, "torch.export.ExportedProgram"]:
+    """Runs `torch.export` on every method of `wrapper`.
+
+    Export is strict (TorchDynamo): a non-strict export of the transformers decoder exports, but its graph
+    then fails in `to_edge_transform_and_lower` (`expected compiled_fn to be GraphModule`).
+    """
+    programs = {}
+    example_inputs = wrapper.example_inputs()
+    dynamic_shapes = wrapper.dynamic_shapes()
+    for name in wrapper.method_names:
+        start = time.perf_counter()
+        logger.info("Exporting method '%s' with torch.export...", name)
+        module = wrapper if name == "forward" else getattr(wrapper, name)
+        with torch.no_grad():
+            programs[name] = torch.export.export(
+                module, example_inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True
+            )
+        logger.info("Exported '%s' in %.1f s.", name, time.perf_counter() - start)
+    return programs
+
+
+def _write_output(output_dir: Path, overwrite: bool, write_files) -> None:
+    """Writes into a temporary sibling directory, then moves it into place in one rename."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+    try:
+        write_files(tmp)
+        if output_dir.exists():
+            _check_output_dir(output_dir, overwrite)
+            old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old-", dir=output_dir.parent))
+            os.replace(output_dir, old / "previous")
+            os.replace(tmp, output_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def main_export(
+    model: str,
+    output_dir: Union[str, os.PathLike],
+    task: Optional[str] = None,
+    **kwargs: Any,
+) -> Path:
+    """Exports a Hugging Face model to an ExecuTorch program directory.
+
+    Args:
+        model: a local checkpoint directory or a Hugging Face Hub model id.
+        output_dir: the directory to write (`model.pte`, `config.json`, `generation_config.json`,
+            tokenizer files, `executorch_config.json`). Must not exist or be empty unless `overwrite=True`.
+        task: the task to export for (`text-generation`); inferred from the model type when `None`.
+        **kwargs: any other field of `ExportOptions` (`recipe`, `max_seq_len`, `dtype`, `gguf_file`,
+            `revision`, `trust_remote_code`, `overwrite`, ...). Unknown names raise `TypeError`.
+
+    Returns:
+        The output directory.
+
+    Example:
+        ```python
+        from optimum.executorch import main_export
+        main_export("path/to/SmolLM2-135M", "out/", task="text-generation", recipe="xnnpack", max_seq_len=256)
+        ```
+    """
+    if output_dir is None:
+        raise ValueError("No output directory given: pass --output_dir.")
+    options = ExportOptions.from_kwargs(model=str(model), output_dir=str(output_dir), task=task, **kwargs)
+    output_dir = Path(output_dir)
+    _check_output_dir(output_dir, options.overwrite)
+    start = time.perf_counter()
+
+    hf_config = load_config(options)
+    export_config = get_export_config(hf_config, options.task)
+    task_spec = get_task(export_config.task)
+    recipe = get_recipe(options.recipe)
+    max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
+
+    logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
+    eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
+    tokenizer = load_tokenizer(options)
+
+    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len)
+    programs = export_programs(wrapper)
+    constant_methods = wrapper.metadata(eager.generation_config, tokenizer)
+    executorch_program = recipe.lower(programs, constant_methods)
+
+    executorch_config = {
+        "task": task_spec.name,
+        "model_type": hf_config.model_type,
+        "recipe": recipe.name,
+        "dtype": options.dtype,
+        "max_seq_len": max_seq_len,
+        "methods": list(wrapper.method_names),
+        "metadata": constant_methods,
+        "options": options.to_dict(),
+        "versions": _package_versions(),
+    }
+
+    def write_files(directory: Path) -> None:
+        with open(directory / PTE_FILE_NAME, "wb") as f:
+            executorch_program.write_to_file(f)
+        eager.config.save_pretrained(directory)
+        if eager.generation_config is not None:
+            eager.generation_config.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
+            json.dump(executorch_config, f, indent=2, sort_keys=True)
+
+    _write_output(output_dir, options.overwrite, write_files)
+    size_mb = (output_dir / PTE_FILE_NAME).stat().st_size / 1e6
+    logger.info("Wrote %s (%.1f MB) in %.1f s in total.", output_dir / PTE_FILE_NAME, size_mb, time.perf_counter() - start)
+    return output_dir

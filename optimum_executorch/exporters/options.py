@@ -1,0 +1,99 @@
+"""`ExportOptions`: the one typed description of an export, built by every entry point.
+
+The CLI, `main_export(**kwargs)` and `ExecuTorchModelFor*.from_pretrained(..., export=True)` all end up
+here. Unknown or misspelled options are rejected with a "did you mean" hint instead of being ignored.
+"""
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _suggest(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+@dataclass
+class ExportOptions:
+    """Everything that decides what an export produces.
+
+    Args:
+        model: a local directory holding a transformers checkpoint, or a Hugging Face Hub model id.
+        output_dir: where the export directory (`model.pte` + configs + tokenizer) is written.
+        task: what the program does (`text-generation`, ...). `None` infers it from the checkpoint.
+        recipe: the ExecuTorch backend recipe (`xnnpack`, `portable`).
+        max_seq_len: the context the program is exported for (prompt + generated tokens). Defaults to
+            `min(2048, max_position_embeddings)`.
+        dtype: the dtype of weights and activations (`float32`, `float16`, `bfloat16`).
+        gguf_file: name of a `.gguf` file inside `model` (or a path to one), dequantized on load.
+        revision: the Hub revision (branch, tag or commit) to load.
+        trust_remote_code: allow modeling code shipped with the checkpoint to run. Off by default.
+        cache_dir: Hugging Face cache directory.
+        token: Hugging Face Hub token.
+        overwrite: replace an existing, non-empty `output_dir`.
+    """
+
+    model: str
+    output_dir: Optional[str] = None
+    task: Optional[str] = None
+    recipe: str = "xnnpack"
+    max_seq_len: Optional[int] = None
+    dtype: str = "float32"
+    gguf_file: Optional[str] = None
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+    cache_dir: Optional[str] = None
+    token: Optional[str] = None
+    overwrite: bool = False
+    # Options the user set explicitly (as opposed to defaults); filled by `from_kwargs`.
+    explicit: frozenset = field(default_factory=frozenset, repr=False, compare=False)
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.name != "explicit"]
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ExportOptions":
+        """Builds options from keyword arguments, rejecting unknown names with a suggestion."""
+        names = cls.field_names()
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            msgs = [f"'{k}'.{_suggest(k, names)}" for k in unknown]
+            raise TypeError(
+                "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
+            )
+        explicit = frozenset(k for k, v in kwargs.items() if v is not None)
+        options = cls(**kwargs, explicit=explicit)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        """Checks every value that can be checked before any model is loaded."""
+        from .recipes import get_recipe
+        from .tasks import get_task
+
+        if not self.model:
+            raise ValueError("No model given: pass a local checkpoint directory or a Hugging Face Hub model id.")
+        if self.task is not None:
+            get_task(self.task)
+        recipe = get_recipe(self.recipe)
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"dtype '{self.dtype}' is not supported.{_suggest(self.dtype, SUPPORTED_DTYPES)} "
+                f"Choose one of: {', '.join(SUPPORTED_DTYPES)}."
+            )
+        if self.dtype not in recipe.supported_dtypes:
+            raise ValueError(
+                f"The '{recipe.name}' recipe does not support dtype '{self.dtype}'. "
+                f"It supports: {', '.join(recipe.supported_dtypes)}."
+            )
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 2):
+            raise ValueError(f"max_seq_len must be an integer >= 2, got {self.max_seq_len!r}.")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The options as written into `executorch_config.json` (no secrets)."""
+        return {k: getattr(self, k) for k in self.field_names() if k not in ("token", "cache_dir", "output_dir")}

@@ -1,0 +1,64 @@
+"""Task registry: task name -> transformers AutoModel class, exportable wrapper, runtime class.
+
+A task plugs in with `register_task(TaskSpec(...))`. Nothing else in the pipeline names a task.
+"""
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Dict
+
+from .options import _suggest
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How one task is exported and run.
+
+    Args:
+        name: the CLI / API task name (`text-generation`).
+        auto_model_class: name of the transformers Auto class that loads the eager model.
+        wrapper: "module:Class" of the `nn.Module` wrapper that makes the model exportable for this task.
+        runtime_class: name of the `optimum_executorch` runtime class that serves the program.
+    """
+
+    name: str
+    auto_model_class: str
+    wrapper: str
+    runtime_class: str
+
+    def load_auto_class(self):
+        import transformers
+
+        return getattr(transformers, self.auto_model_class)
+
+    def load_wrapper_class(self) -> Callable:
+        module, _, cls = self.wrapper.partition(":")
+        return getattr(importlib.import_module(module, package=__package__), cls)
+
+
+TASKS: Dict[str, TaskSpec] = {}
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    if spec.name in TASKS:
+        raise ValueError(f"Task '{spec.name}' is registered twice.")
+    TASKS[spec.name] = spec
+    return spec
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(
+            f"Task '{name}' is not supported.{_suggest(name, TASKS)} Supported tasks: {', '.join(sorted(TASKS))}."
+        )
+    return TASKS[name]
+
+
+register_task(
+    TaskSpec(
+        name="text-generation",
+        auto_model_class="AutoModelForCausalLM",
+        wrapper=".wrappers.causal_lm:CausalLMExportableModule",
+        runtime_class="ExecuTorchModelForCausalLM",
+    )
+)

@@ -1,0 +1,96 @@
+"""`CausalLMExportableModule`: a decoder LM with its KV cache held inside the program.
+
+The exported `forward(input_ids[1, seq], cache_position[seq]) -> logits[1, 1, vocab]` is the contract of
+ExecuTorch's LLM runner: a whole prompt is prefilled in one call (dynamic `seq`), then decode runs one
+token a call. The cache is a mutable buffer of the program, so the caller never passes it around.
+Only the logits of the last position are returned: that is all generation needs, and the planned
+output buffer stays `vocab` floats instead of `max_seq_len * vocab`.
+"""
+
+from typing import Any, Dict, Tuple
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+
+class CausalLMExportableModule(torch.nn.Module):
+    """Wraps a `*ForCausalLM` model and a `StaticCache` of `max_seq_len` positions for `torch.export`.
+
+    Args:
+        model: the eager transformers model (eval mode, sdpa attention).
+        max_seq_len: number of positions of the cache, i.e. prompt + generated tokens.
+    """
+
+    method_names = ("forward",)
+
+    def __init__(self, model, max_seq_len: int):
+        super().__init__()
+        self.model = model
+        self.max_seq_len = max_seq_len
+        text_config = model.config.get_text_config()
+        self.cache = StaticCache(config=text_config, max_cache_len=max_seq_len)
+        # A sliding-window layer holds only the last `window` positions and updates them with data-dependent
+        # control flow that cannot be exported. A full-length layer holds every position; the model's own
+        # sliding-window mask still hides what is out of the window, so results are unchanged.
+        for i, layer in enumerate(self.cache.layers):
+            if type(layer) is not StaticLayer:
+                self.cache.layers[i] = StaticLayer(max_seq_len)
+        num_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        self.cache.early_initialization(
+            batch_size=1, num_heads=num_kv_heads, head_dim=head_dim, dtype=model.dtype, device=model.device
+        )
+        # Registering the cache tensors as buffers makes them mutable state of the exported program.
+        for i, layer in enumerate(self.cache.layers):
+            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+            self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        # The cache writes new entries after its current length: set it from the first position of this call,
+        # so that a new prompt (cache_position starting at 0) restarts the sequence.
+        for layer in self.cache.layers:
+            layer.cumulative_length.copy_(cache_position[0])
+        outputs = self.model(
+            input_ids=input_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return outputs.logits
+
+    def example_inputs(self, seq_len: int = 4) -> Dict[str, Tuple[Any, ...]]:
+        """Example arguments of each exported method."""
+        seq_len = min(seq_len, self.max_seq_len - 1)
+        input_ids = torch.zeros((1, seq_len), dtype=torch.long)
+        cache_position = torch.arange(seq_len, dtype=torch.long)
+        return {"forward": (input_ids, cache_position)}
+
+    def dynamic_shapes(self) -> Dict[str, Any]:
+        """Dynamic dimensions of each method: the sequence length, from 1 to max_seq_len - 1."""
+        seq = torch.export.Dim("seq_len", min=1, max=self.max_seq_len - 1)
+        return {"forward": ({1: seq}, {0: seq})}
+
+    def metadata(self, generation_config, tokenizer=None) -> Dict[str, Any]:
+        """Constant methods stored in the program, read by ExecuTorch's LLM runner and by our runtime."""
+        text_config = self.model.config.get_text_config()
+        eos = generation_config.eos_token_id if generation_config is not None else None
+        if eos is None:
+            eos = text_config.eos_token_id
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        bos = generation_config.bos_token_id if generation_config is not None else None
+        if bos is None:
+            bos = getattr(text_config, "bos_token_id", None)
+        metadata = {
+            "get_max_seq_len": self.max_seq_len,
+            "get_max_context_len": self.max_seq_len,
+            "get_vocab_size": int(text_config.vocab_size),
+            "get_n_layers": int(text_config.num_hidden_layers),
+            "get_eos_ids": [int(i) for i in eos_ids],
+            "use_kv_cache": True,
+            "enable_dynamic_shape": True,
+        }
+        if bos is not None:
+            metadata["get_bos_id"] = int(bos)
+        return metadata

@@ -1,0 +1,6 @@
+"""Runtime side: run exported programs with the transformers API. Never imports the export side."""
+
+from .base import ExecuTorchModel
+from .causal_lm import ExecuTorchModelForCausalLM
+
+__all__ = ["ExecuTorchModel", "ExecuTorchModelForCausalLM"]

@@ -1,0 +1,197 @@
+"""`ExecuTorchModel`: the base of every runtime class. Loads an exported directory and its program.
+
+This module is the RUNTIME side: it imports `executorch.runtime` and transformers, never the export
+side (`optimum_executorch.exporters`, `torch.export`, `executorch.exir`, torchao) at module level. The
+export side is imported only inside `from_pretrained(..., export=True)`.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+from optimum.modeling_base import OptimizedModel
+from transformers import AutoConfig, PretrainedConfig
+
+from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve_model_dir(
+    model_id: Union[str, os.PathLike],
+    subfolder: str = "",
+    revision: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+    token: Optional[Union[bool, str]] = None,
+    local_files_only: bool = False,
+    force_download: bool = False,
+) -> Path:
+    """A local directory holding the exported files: `model_id` itself, or a Hub snapshot of it."""
+    local = Path(model_id) / subfolder
+    if local.is_dir():
+        return local
+    if os.path.exists(model_id) or str(model_id).startswith((".", "/")):
+        raise FileNotFoundError(f"'{model_id}' is not a directory. Pass the output directory of an export.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            str(model_id),
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+    except Exception as err:
+        raise OSError(
+            f"Could not find '{model_id}' locally nor download it from the Hugging Face Hub ({err}). Pass an "
+            "export directory (see `optimum-cli export executorch --help`), or unset HF_HUB_OFFLINE to download."
+        ) from err
+    return Path(path) / subfolder
+
+
+class ExecuTorchModel(OptimizedModel):
+    """Base class of the runtime models: an ExecuTorch program plus the configs exported with it.
+
+    Use `from_pretrained(dir_or_repo_id)` to load an export directory, or
+    `from_pretrained(model_id, export=True, ...)` to export a transformers checkpoint first.
+    """
+
+    task: Optional[str] = None
+    auto_model_class = None
+
+    def __init__(
+        self,
+        program,
+        config: PretrainedConfig,
+        model_save_dir: Union[str, Path],
+        executorch_config: Optional[Dict[str, Any]] = None,
+    ):
+        super().__init__(model=program, config=config)
+        self.program = program
+        self.model_save_dir = Path(model_save_dir)
+        self.executorch_config = executorch_config or {}
+        self._temp_dir = None  # keeps an on-the-fly export alive as long as the model
+
+    # ----------------------------------------------------------------------------------------- loading
+    @staticmethod
+    def load_program(pte_path: Path):
+        """Loads a `.pte` with `executorch.runtime`, turning loader failures into errors that name the fix."""
+        if not pte_path.is_file():
+            raise FileNotFoundError(
+                f"No ExecuTorch program at '{pte_path}'. Export one with `optimum-cli export executorch "
+                "--model <id> --output_dir <dir>` and load that directory."
+            )
+        from executorch.runtime import Runtime, Verification
+
+        try:
+            return Runtime.get().load_program(pte_path, verification=Verification.Minimal)
+        except RuntimeError as err:
+            raise ValueError(
+                f"'{pte_path}' is not a valid ExecuTorch program (corrupt or truncated: {err}). Export it again."
+            ) from err
+
+    def read_constant(self, name: str, default: Any = None) -> Any:
+        """The value of a constant metadata method of the program (`get_max_seq_len`, ...)."""
+        if name not in self.program.method_names:
+            return default
+        value = self.program.load_method(name).execute([])
+        return value[0] if len(value) == 1 and not name.endswith("_ids") else list(value)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id: Union[str, os.PathLike],
+        config: Optional[PretrainedConfig] = None,
+        export: bool = False,
+        subfolder: str = "",
+        revision: Optional[str] = None,
+        force_download: bool = False,
+        local_files_only: bool = False,
+        trust_remote_code: bool = False,
+        cache_dir: Optional[str] = None,
+        token: Optional[Union[bool, str]] = None,
+        **kwargs,
+    ) -> "ExecuTorchModel":
+        """Loads an exported directory (local or on the Hub), or exports `model_id` first when `export=True`.
+
+        Args:
+            model_id: an export directory, a Hub repo holding one, or (with `export=True`) a transformers
+                checkpoint directory or Hub id.
+            export: export `model_id` into a temporary directory first. Remaining keyword arguments are
+                export options (`recipe`, `max_seq_len`, `dtype`, ...), see `main_export`.
+        """
+        if export:
+            from ..exporters import main_export  # the export side, only when asked for
+
+            temp_dir = tempfile.TemporaryDirectory(prefix="optimum_executorch_")
+            out = Path(temp_dir.name) / "export"
+            main_export(
+                str(model_id),
+                out,
+                task=cls.task,
+                revision=revision,
+                cache_dir=cache_dir,
+                token=token if isinstance(token, str) else None,
+                trust_remote_code=trust_remote_code,
+                **kwargs,
+            )
+            model = cls._from_dir(out, config=None)
+            model._temp_dir = temp_dir
+            return model
+        if kwargs:
+            raise TypeError(
+                f"Unexpected arguments {sorted(kwargs)} for loading an exported model. Export options are only "
+                "accepted together with export=True."
+            )
+        model_dir = _resolve_model_dir(
+            model_id, subfolder, revision, cache_dir, token, local_files_only, force_download
+        )
+        return cls._from_dir(model_dir, config=config)
+
+    @classmethod
+    def _from_dir(cls, model_dir: Path, config: Optional[PretrainedConfig] = None) -> "ExecuTorchModel":
+        program = cls.load_program(model_dir / PTE_FILE_NAME)
+        executorch_config = {}
+        if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
+            executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
+        task = executorch_config.get("task")
+        if cls.task and task and task != cls.task:
+            raise ValueError(
+                f"'{model_dir}' was exported for task '{task}', which {cls.__name__} does not run "
+                f"({cls.task}). Load it with the runtime class of that task."
+            )
+        if config is None:
+            config = AutoConfig.from_pretrained(model_dir)
+        return cls(program, config, model_save_dir=model_dir, executorch_config=executorch_config)
+
+    # ------------------------------------------------------------------------------------------ saving
+    def _save_pretrained(self, save_directory: Union[str, Path]) -> None:
+        """Copies every exported file (program, configs, tokenizer) into `save_directory`."""
+        save_directory = Path(save_directory)
+        if save_directory.resolve() == self.model_save_dir.resolve():
+            return
+        for item in self.model_save_dir.iterdir():
+            if item.is_file() and item.name != "config.json":
+                shutil.copy2(item, save_directory / item.name)
+
+    # ------------------------------------------------------------------------------------ torch-likes
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.executorch_config.get("dtype", "float32"))
+
+    def to(self, *args, **kwargs):
+        return self  # an ExecuTorch program runs where it is loaded
+
+    def eval(self):
+        return self

@@ -1,0 +1,154 @@
+"""Tiny-model helpers for checking an export against the eager model.
+
+Public and documented, for contributors and extension authors; the project's own tests use them.
+
+Example:
+    ```python
+    from optimum_executorch.testing import save_tiny_model, assert_generation_matches_eager
+    from optimum.executorch import ExecuTorchModelForCausalLM, main_export
+
+    src = save_tiny_model("qwen3", "tiny-qwen3/")
+    main_export(src, "tiny-qwen3-et/", max_seq_len=64)
+    assert_generation_matches_eager(src, ExecuTorchModelForCausalLM.from_pretrained("tiny-qwen3-et/"))
+    ```
+"""
+
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+# Small enough that export + lowering takes seconds on two cores.
+TINY_DECODER_CONFIG: Dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tiny_config(model_type: str, **overrides: Any):
+    """A 2-layer, hidden-64 config of `model_type` (any transformers model type)."""
+    from transformers import AutoConfig
+
+    kwargs = dict(TINY_DECODER_CONFIG)
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def tiny_tokenizer(vocab_size: int = TINY_DECODER_CONFIG["vocab_size"]):
+    """A byte-level BPE tokenizer trained in milliseconds on a few sentences, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [
+        "The capital of France is Paris. The capital of Italy is Rome.",
+        "Once upon a time there was a small model that ran on a phone.",
+        "ExecuTorch runs PyTorch programs on mobile and embedded devices.",
+    ] * 4
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        chat_template=TINY_CHAT_TEMPLATE,
+    )
+
+
+def save_tiny_model(
+    model_type: str, directory: Union[str, Path], seed: int = 0, with_tokenizer: bool = True, **overrides: Any
+) -> str:
+    """Builds a random tiny causal LM of `model_type`, saves it (and a tokenizer) to `directory`."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    config = tiny_config(model_type, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    # Random init leaves logits nearly flat; larger weights make greedy choices decisive, so that a
+    # parity test compares real decisions and not ties.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.3)
+    model.generation_config.bos_token_id = config.bos_token_id
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(directory)
+    if with_tokenizer:
+        tiny_tokenizer(config.vocab_size).save_pretrained(directory)
+    return str(directory)
+
+
+def load_eager(model_dir: Union[str, Path], dtype: torch.dtype = torch.float32):
+    """The eager transformers model of `model_dir`, as the exporter loads it (sdpa attention)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
+
+
+def greedy_eager(eager, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy tokens of the eager model (no eos stop), for comparison with a program."""
+    with torch.no_grad():
+        return eager.generate(
+            input_ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False
+        )
+
+
+def assert_generation_matches_eager(
+    model_dir: Union[str, Path],
+    et_model,
+    input_ids: Optional[torch.Tensor] = None,
+    max_new_tokens: int = 20,
+    rtol: float = 1e-4,
+    atol: float = 1e-4,
+) -> torch.Tensor:
+    """Asserts that `et_model` (an `ExecuTorchModelForCausalLM`) matches the eager model of `model_dir`.
+
+    Checks: prefill logits of the prompt within `rtol`/`atol`, then the same greedy tokens for
+    `max_new_tokens`, then the logits of a decode step at the end of that sequence. Returns the tokens.
+    """
+    eager = load_eager(model_dir)
+    if input_ids is None:
+        torch.manual_seed(0)
+        input_ids = torch.randint(3, eager.config.vocab_size, (1, 7))
+    with torch.no_grad():
+        expected_logits = eager(input_ids).logits[:, -1:, :]
+    actual_logits = et_model(input_ids).logits
+    torch.testing.assert_close(actual_logits, expected_logits, rtol=rtol, atol=atol)
+
+    expected = greedy_eager(eager, input_ids, max_new_tokens)
+    actual = et_model.generate(input_ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    assert actual.tolist() == expected.tolist(), f"greedy tokens differ:\n pte:   {actual.tolist()}\n eager: {expected.tolist()}"
+
+    # Decode step logits at the end of the sequence (the cache holds prompt + generated tokens).
+    with torch.no_grad():
+        expected_step = eager(expected).logits[:, -1:, :]
+    n = expected.shape[1]
+    actual_step = et_model(expected[:, -1:], cache_position=torch.tensor([n - 1])).logits
+    torch.testing.assert_close(actual_step, expected_step, rtol=rtol, atol=atol)
+    return actual
