@@ -6,7 +6,7 @@ Sources: a local checkpoint directory, a Hugging Face Hub id (through huggingfac
 
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -18,21 +18,22 @@ def _hub_kwargs(options) -> Dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def _gguf_location(options):
-    """(directory or repo id, file name) of the GGUF file, accepting a full path in `gguf_file`."""
-    if options.gguf_file and os.path.isfile(options.gguf_file):
-        return os.path.dirname(os.path.abspath(options.gguf_file)), os.path.basename(options.gguf_file)
-    return options.model, options.gguf_file
+def _source(options) -> Tuple[str, Dict[str, Any]]:
+    """Where to load from and the Hub / GGUF keyword arguments (a full path in `gguf_file` is accepted)."""
+    kwargs = _hub_kwargs(options)
+    source, gguf_file = options.model, options.gguf_file
+    if gguf_file and os.path.isfile(gguf_file):
+        source, gguf_file = os.path.dirname(os.path.abspath(gguf_file)), os.path.basename(gguf_file)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    return source, kwargs
 
 
 def load_config(options):
     """Loads the model config, turning "not found" into an error that names the fix."""
     from transformers import AutoConfig
 
-    source, gguf_file = _gguf_location(options)
-    kwargs = _hub_kwargs(options)
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
+    source, kwargs = _source(options)
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
     except (OSError, ValueError) as err:
@@ -48,13 +49,11 @@ def load_config(options):
 
 def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
     """Loads the eager model in eval mode with the requested dtype."""
-    source, gguf_file = _gguf_location(options)
-    kwargs = dict(_hub_kwargs(options), **load_kwargs)
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
+    source, kwargs = _source(options)
+    kwargs.update(load_kwargs)
     dtype = getattr(torch, options.dtype)
     model = auto_class.from_pretrained(source, dtype=dtype, trust_remote_code=options.trust_remote_code, **kwargs)
-    if gguf_file:
+    if "gguf_file" in kwargs:
         # The weights are dequantized already; the leftover quantizer would stop save_pretrained and
         # mislead the export about the weights' format.
         model.hf_quantizer = None
@@ -68,10 +67,7 @@ def load_tokenizer(options) -> Optional[Any]:
     """The tokenizer of the checkpoint, or `None` (with a warning) when it has none."""
     from transformers import AutoTokenizer
 
-    source, gguf_file = _gguf_location(options)
-    kwargs = _hub_kwargs(options)
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
+    source, kwargs = _source(options)
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
     except (OSError, ValueError, TypeError) as err:

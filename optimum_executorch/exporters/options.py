@@ -5,16 +5,12 @@ here. Unknown or misspelled options are rejected with a "did you mean" hint inst
 """
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from .registry import suggest
+
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def _suggest(name: str, choices) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 @dataclass
@@ -62,7 +58,7 @@ class ExportOptions:
         names = cls.field_names()
         unknown = [k for k in kwargs if k not in names]
         if unknown:
-            msgs = [f"'{k}'.{_suggest(k, names)}" for k in unknown]
+            msgs = [f"'{k}'.{suggest(k, names)}" for k in unknown]
             raise TypeError(
                 "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
             )
@@ -83,7 +79,7 @@ class ExportOptions:
         recipe = get_recipe(self.recipe)
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(
-                f"dtype '{self.dtype}' is not supported.{_suggest(self.dtype, SUPPORTED_DTYPES)} "
+                f"dtype '{self.dtype}' is not supported.{suggest(self.dtype, SUPPORTED_DTYPES)} "
                 f"Choose one of: {', '.join(SUPPORTED_DTYPES)}."
             )
         if self.dtype not in recipe.supported_dtypes:

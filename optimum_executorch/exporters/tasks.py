@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable, Dict
 
-from .options import _suggest
+from .registry import lookup, register
 
 
 @dataclass(frozen=True)
@@ -40,18 +40,11 @@ TASKS: Dict[str, TaskSpec] = {}
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
-    if spec.name in TASKS:
-        raise ValueError(f"Task '{spec.name}' is registered twice.")
-    TASKS[spec.name] = spec
-    return spec
+    return register(TASKS, spec.name, spec, "Task")
 
 
 def get_task(name: str) -> TaskSpec:
-    if name not in TASKS:
-        raise ValueError(
-            f"Task '{name}' is not supported.{_suggest(name, TASKS)} Supported tasks: {', '.join(sorted(TASKS))}."
-        )
-    return TASKS[name]
+    return lookup(TASKS, name, "Task")
 
 
 register_task(

@@ -6,7 +6,7 @@ tasks a family supports, how to load it for export, and its defaults (such as `m
 
 from typing import Dict, Type
 
-from ..options import _suggest
+from ..registry import register, suggest
 from .base import ExportConfig
 
 EXPORT_CONFIGS: Dict[str, Type[ExportConfig]] = {}
@@ -17,12 +17,7 @@ def register_export_config(*model_types: str):
 
     def wrap(cls: Type[ExportConfig]) -> Type[ExportConfig]:
         for model_type in model_types:
-            if model_type in EXPORT_CONFIGS:
-                raise ValueError(
-                    f"model_type '{model_type}' is claimed by both {EXPORT_CONFIGS[model_type].__name__} "
-                    f"and {cls.__name__}."
-                )
-            EXPORT_CONFIGS[model_type] = cls
+            register(EXPORT_CONFIGS, model_type, cls, "model_type")
         cls.model_types = tuple(cls.model_types) + tuple(model_types)
         return cls
 
@@ -34,7 +29,7 @@ def get_export_config(hf_config, task=None) -> ExportConfig:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in EXPORT_CONFIGS:
         raise ValueError(
-            f"model_type '{model_type}' is not supported for export yet.{_suggest(str(model_type), EXPORT_CONFIGS)} "
+            f"model_type '{model_type}' is not supported for export yet.{suggest(str(model_type), EXPORT_CONFIGS)} "
             f"Supported model types: {', '.join(sorted(EXPORT_CONFIGS))}."
         )
     cls = EXPORT_CONFIGS[model_type]

