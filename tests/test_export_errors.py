@@ -43,9 +43,15 @@ def test_unsupported_model_type_lists_supported(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_model_names_the_fix(tmp_path):
+def test_missing_model_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="Could not load a model config"):
         main_export(tmp_path / "does-not-exist", tmp_path / "out")
+    # A Hub id that is not in the cache, with downloads off (HF_HUB_OFFLINE=1 in the tests).
+    with pytest.raises(OSError, match="Could not load a model config from 'nobody/no-such-model'"):
+        main_export("nobody/no-such-model", tmp_path / "out")
+    with pytest.raises(OSError, match="nor download it from the Hugging Face Hub"):
+        ExecuTorchModelForCausalLM.from_pretrained("nobody/no-such-model")
+    assert not (tmp_path / "out").exists()
 
 
 def test_non_empty_output_dir_is_refused_unless_overwrite(tiny_llama_dir, tmp_path):

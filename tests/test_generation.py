@@ -142,3 +142,24 @@ def test_bad_runtime_input_raises_clear_error(et_model, call, message):
         call(et_model)
     # The program still works afterwards.
     assert et_model.generate(PROMPT, max_new_tokens=2).shape[1] == PROMPT.shape[1] + 2
+
+
+def test_push_to_hub_uploads_the_export_directory(et_model, monkeypatch):
+    import huggingface_hub
+
+    uploaded = {}
+
+    def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
+        uploaded["repo"] = (repo_id, private, exist_ok)
+
+    def upload_folder(self, repo_id, folder_path, commit_message=None, **kwargs):
+        from pathlib import Path
+
+        uploaded["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+        return f"https://huggingface.co/{repo_id}"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    assert et_model.push_to_hub("me/tiny-llama-et", private=True).endswith("me/tiny-llama-et")
+    assert uploaded["repo"] == ("me/tiny-llama-et", True, True)
+    assert {"model.pte", "config.json", "executorch_config.json", "tokenizer.json"} <= set(uploaded["files"])

@@ -32,6 +32,14 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Allow modeling code shipped with the checkpoint to run. Review that code first.",
     )
     optional.add_argument("--cache_dir", default=None, help="Hugging Face cache directory.")
+    optional.add_argument(
+        "--no_custom_sdpa",
+        dest="custom_sdpa",
+        action="store_false",
+        default=None,
+        help="Use plain SDPA over a static cache instead of ExecuTorch's custom_sdpa/update_cache ops "
+        "(which are the default for xnnpack where the model supports them).",
+    )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
 

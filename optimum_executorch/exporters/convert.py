@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
+from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .configs import get_export_config
 from .loading import load_config, load_model, load_tokenizer
 from .options import ExportOptions
@@ -86,6 +87,18 @@ def _write_output(output_dir: Path, overwrite: bool, write_files) -> None:
         raise
 
 
+def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> bool:
+    supported = export_config.supports_custom_sdpa(max_seq_len)
+    if options.custom_sdpa is None:
+        return recipe.custom_sdpa_default and supported
+    if options.custom_sdpa and not supported:
+        raise ValueError(
+            f"custom_sdpa is not supported for this {export_config.hf_config.model_type} model: it has sliding-window "
+            "layers shorter than max_seq_len. Drop --custom_sdpa or lower --max_seq_len to the window."
+        )
+    return options.custom_sdpa
+
+
 def main_export(
     model: str,
     output_dir: Union[str, os.PathLike],
@@ -128,7 +141,8 @@ def main_export(
     eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
     tokenizer = load_tokenizer(options)
 
-    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len)
+    custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
+    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa)
     programs = export_programs(wrapper)
     constant_methods = wrapper.metadata(eager.generation_config, tokenizer)
     executorch_program = recipe.lower(programs, constant_methods)
@@ -140,6 +154,9 @@ def main_export(
         "dtype": options.dtype,
         "max_seq_len": max_seq_len,
         "methods": list(wrapper.method_names),
+        "custom_sdpa": custom_sdpa,
+        # Python modules that register kernels the program needs; the runtime imports them before loading.
+        "kernel_libraries": [CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else [],
         "metadata": constant_methods,
         "options": options.to_dict(),
         "versions": _package_versions(),

@@ -31,6 +31,8 @@ class ExportOptions:
         cache_dir: Hugging Face cache directory.
         token: Hugging Face Hub token.
         overwrite: replace an existing, non-empty `output_dir`.
+        custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
+            KV cache. `None` (default): on where the recipe and the model support it.
     """
 
     model: str
@@ -45,6 +47,7 @@ class ExportOptions:
     cache_dir: Optional[str] = None
     token: Optional[str] = None
     overwrite: bool = False
+    custom_sdpa: Optional[bool] = None
     # Options the user set explicitly (as opposed to defaults); filled by `from_kwargs`.
     explicit: frozenset = field(default_factory=frozenset, repr=False, compare=False)
 

@@ -5,6 +5,7 @@ side (`optimum_executorch.exporters`, `torch.export`, `executorch.exir`, torchao
 export side is imported only inside `from_pretrained(..., export=True)`.
 """
 
+import importlib
 import json
 import logging
 import os
@@ -80,6 +81,14 @@ class ExecuTorchModel(OptimizedModel):
         self._temp_dir = None  # keeps an on-the-fly export alive as long as the model
 
     # ----------------------------------------------------------------------------------------- loading
+    @staticmethod
+    def load_kernel_libraries(names) -> None:
+        """Imports the modules that register kernels a program needs (recorded at export)."""
+        for name in names:
+            if not name.startswith("executorch."):
+                raise ValueError(f"Refusing to import kernel library '{name}': only executorch modules are allowed.")
+            importlib.import_module(name)
+
     @staticmethod
     def load_program(pte_path: Path):
         """Loads a `.pte` with `executorch.runtime`, turning loader failures into errors that name the fix."""
@@ -157,10 +166,11 @@ class ExecuTorchModel(OptimizedModel):
 
     @classmethod
     def _from_dir(cls, model_dir: Path, config: Optional[PretrainedConfig] = None) -> "ExecuTorchModel":
-        program = cls.load_program(model_dir / PTE_FILE_NAME)
         executorch_config = {}
         if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
             executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
+        cls.load_kernel_libraries(executorch_config.get("kernel_libraries", []))
+        program = cls.load_program(model_dir / PTE_FILE_NAME)
         task = executorch_config.get("task")
         if cls.task and task and task != cls.task:
             raise ValueError(
@@ -180,6 +190,35 @@ class ExecuTorchModel(OptimizedModel):
         for item in self.model_save_dir.iterdir():
             if item.is_file() and item.name != "config.json":
                 shutil.copy2(item, save_directory / item.name)
+
+    def save_pretrained(self, save_directory: Union[str, Path], push_to_hub: bool = False, **hub_kwargs) -> None:
+        """Writes the program, configs and tokenizer to `save_directory` (a directory `from_pretrained` loads).
+
+        With `push_to_hub=True`, also uploads them; `hub_kwargs` go to `push_to_hub` (`repo_id` required).
+        """
+        super().save_pretrained(save_directory)
+        if push_to_hub:
+            self._upload_folder(save_directory, **hub_kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        private: Optional[bool] = None,
+        token: Optional[Union[bool, str]] = None,
+        commit_message: str = "Upload ExecuTorch model",
+    ) -> str:
+        """Uploads the export directory to the Hugging Face Hub repo `repo_id` (created if missing)."""
+        with tempfile.TemporaryDirectory() as directory:
+            self.save_pretrained(directory)
+            return self._upload_folder(directory, repo_id, private, token, commit_message)
+
+    @staticmethod
+    def _upload_folder(directory, repo_id, private=None, token=None, commit_message="Upload ExecuTorch model"):
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return api.upload_folder(repo_id=repo_id, folder_path=str(directory), commit_message=commit_message)
 
     # ------------------------------------------------------------------------------------ torch-likes
     @property

@@ -25,6 +25,14 @@ class ExportConfig:
         """Extra keyword arguments for `AutoModel*.from_pretrained` when loading for export."""
         return {"attn_implementation": "sdpa"}
 
+    def supports_custom_sdpa(self, max_seq_len: int) -> bool:
+        """Whether every layer attends causally over the whole context, as `custom_sdpa` does."""
+        layer_types = getattr(self.text_config, "layer_types", None)
+        if layer_types:
+            return all(t == "full_attention" for t in layer_types)
+        window = getattr(self.text_config, "sliding_window", None)
+        return window is None or window >= max_seq_len
+
     def resolve_max_seq_len(self, requested) -> int:
         """`requested` if given (checked against the model's limit), else min(default, model limit)."""
         limit = getattr(self.text_config, "max_position_embeddings", None)

@@ -15,6 +15,8 @@ class Recipe:
 
     name: str = ""
     supported_dtypes: tuple = ("float32",)
+    # Whether exports with this recipe use ExecuTorch's custom attention ops unless told otherwise.
+    custom_sdpa_default: bool = False
 
     def partitioners(self) -> List[Any]:
         return []

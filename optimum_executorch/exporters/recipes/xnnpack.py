@@ -8,6 +8,7 @@ from .base import Recipe
 class XnnpackRecipe(Recipe):
     name = "xnnpack"
     supported_dtypes = ("float32", "float16")
+    custom_sdpa_default = True
 
     def partitioners(self):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

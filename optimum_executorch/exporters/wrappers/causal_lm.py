@@ -15,19 +15,28 @@ from transformers.cache_utils import StaticLayer
 
 
 class CausalLMExportableModule(torch.nn.Module):
-    """Wraps a `*ForCausalLM` model and a `StaticCache` of `max_seq_len` positions for `torch.export`.
+    """Wraps a `*ForCausalLM` model and its KV cache of `max_seq_len` positions for `torch.export`.
 
     Args:
         model: the eager transformers model (eval mode, sdpa attention).
         max_seq_len: number of positions of the cache, i.e. prompt + generated tokens.
+        custom_sdpa: attend through ExecuTorch's `custom_sdpa` / `update_cache` ops, with the cache in
+            the attention modules (see `attention/custom_sdpa.py`); otherwise transformers' `StaticCache`
+            and plain SDPA over the whole cache behind a mask.
     """
 
     method_names = ("forward",)
 
-    def __init__(self, model, max_seq_len: int):
+    def __init__(self, model, max_seq_len: int, custom_sdpa: bool = False):
         super().__init__()
         self.model = model
         self.max_seq_len = max_seq_len
+        self.custom_sdpa = custom_sdpa
+        if custom_sdpa:
+            from ..attention import install_custom_sdpa
+
+            install_custom_sdpa(model, max_seq_len)
+            return
         text_config = model.config.get_text_config()
         self.cache = StaticCache(config=text_config, max_cache_len=max_seq_len)
         # A sliding-window layer holds only the last `window` positions and updates them with data-dependent
@@ -48,6 +57,12 @@ class CausalLMExportableModule(torch.nn.Module):
             self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        if self.custom_sdpa:
+            # The attention modules own the cache; positions tell them where the new tokens go.
+            outputs = self.model(
+                input_ids=input_ids, position_ids=cache_position.unsqueeze(0), use_cache=False, logits_to_keep=1
+            )
+            return outputs.logits
         # The cache writes new entries after its current length: set it from the first position of this call,
         # so that a new prompt (cache_position starting at 0) restarts the sequence.
         for layer in self.cache.layers:

@@ -1,0 +1,82 @@
+"""Attention through ExecuTorch's custom CPU ops, with the KV cache in the `[B, S, H, D]` layout.
+
+`install_custom_sdpa(model, max_seq_len)` gives every attention module of a transformers model its own
+key/value cache buffers and switches the model to the `executorch_custom_sdpa` attention
+implementation, registered in transformers' `AttentionInterface` (model code is not forked):
+
+- `llama::update_cache(new, cache, start_pos)` writes the new keys/values in place;
+- `llama::custom_sdpa(q, k_cache, v_cache, start_pos, ...)` attends causally over positions
+  `[0, start_pos + seq)` only, instead of over the whole `max_seq_len` cache behind a mask.
+
+The start position comes from `position_ids`, which the model passes to the attention function.
+"""
+
+import importlib
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+CUSTOM_SDPA = "executorch_custom_sdpa"
+# Recorded in executorch_config.json: the runtime loads these kernels before loading the program.
+CUSTOM_OPS_KERNEL_LIBRARY = "executorch.extension.llm.custom_ops.custom_ops"
+
+
+def _load_custom_ops() -> None:
+    importlib.import_module(CUSTOM_OPS_KERNEL_LIBRARY)  # registers torch.ops.llama.*
+
+
+def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An `AttentionInterface` function: `query/key/value` are `[B, H, S, D]`; returns `[B, S, H, D]`."""
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError("executorch_custom_sdpa needs position_ids to locate the new tokens in the cache.")
+    start_pos = position_ids[0, 0].item()
+    max_seq_len = module.et_key_cache.shape[1]
+    torch._check_is_size(start_pos)
+    torch._check(start_pos < max_seq_len)
+    torch._check(start_pos + query.shape[2] <= max_seq_len)
+
+    dtype = query.dtype
+    compute = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32  # no fp16 kernel
+    q = query.transpose(1, 2).to(compute)
+    k = key.transpose(1, 2).to(module.et_key_cache.dtype)
+    v = value.transpose(1, 2).to(module.et_value_cache.dtype)
+    torch.ops.llama.update_cache(k, module.et_key_cache, start_pos)
+    torch.ops.llama.update_cache(v, module.et_value_cache, start_pos)
+    output = torch.ops.llama.custom_sdpa(
+        q, module.et_key_cache, module.et_value_cache, start_pos, None, 0.0, True, scaling
+    )
+    return output.to(dtype), None
+
+
+def _no_mask(*args, **kwargs):
+    return None  # custom_sdpa applies the causal mask itself
+
+
+def _register() -> None:
+    if CUSTOM_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(CUSTOM_SDPA, custom_sdpa_attention)
+        AttentionMaskInterface.register(CUSTOM_SDPA, _no_mask)
+
+
+def _attention_modules(model):
+    """The self-attention modules: those that transformers numbered with a `layer_idx` and own projections."""
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "head_dim") and hasattr(m, "o_proj")]
+
+
+def install_custom_sdpa(model, max_seq_len: int) -> int:
+    """Adds `[1, max_seq_len, kv_heads, head_dim]` cache buffers to each attention module and switches
+    the model to the custom attention. Returns the number of attention modules changed."""
+    _load_custom_ops()
+    _register()
+    text_config = model.config.get_text_config()
+    num_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    cache_dtype = model.dtype if model.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    modules = _attention_modules(model)
+    for module in modules:
+        shape = (1, max_seq_len, num_kv_heads, module.head_dim)
+        module.register_buffer("et_key_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
+        module.register_buffer("et_value_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
+    model.set_attn_implementation(CUSTOM_SDPA)
+    return len(modules)

@@ -1,0 +1,40 @@
+"""ExecuTorch's custom_sdpa / update_cache path (default for xnnpack) against the eager model."""
+
+import json
+
+import pytest
+import torch
+
+from optimum.executorch import ExecuTorchModelForCausalLM, main_export
+from optimum_executorch.testing import assert_generation_matches_eager, save_tiny_model
+
+PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123]])
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_custom_sdpa_matches_eager(model_type, tmp_path):
+    src = save_tiny_model(model_type, tmp_path / "src")
+    out = main_export(src, tmp_path / "et", max_seq_len=48)
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["custom_sdpa"] is True
+    assert config["kernel_libraries"] == ["executorch.extension.llm.custom_ops.custom_ops"]
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert_generation_matches_eager(src, model, PROMPT, max_new_tokens=20)
+    # A second prompt restarts the sequence at position 0: same answer again.
+    assert_generation_matches_eager(src, model, PROMPT, max_new_tokens=20)
+
+
+def test_sliding_window_model_falls_back_to_static_cache(tmp_path):
+    src = save_tiny_model("mistral", tmp_path / "src", sliding_window=16)
+    out = main_export(src, tmp_path / "et", max_seq_len=48)
+    assert json.loads((out / "executorch_config.json").read_text())["custom_sdpa"] is False
+    with pytest.raises(ValueError, match="sliding-window"):
+        main_export(src, tmp_path / "et2", max_seq_len=48, custom_sdpa=True)
+
+
+def test_static_cache_path_when_custom_sdpa_is_off(tiny_llama_dir, tmp_path):
+    out = main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_sdpa=False)
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["custom_sdpa"] is False and config["kernel_libraries"] == []
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=20)
