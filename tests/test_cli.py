@@ -35,4 +35,4 @@ def test_cli_bad_task_exits_with_clear_error(tiny_llama_dir, tmp_path):
 def test_cli_misspelled_option_is_rejected(tiny_llama_dir, tmp_path):
     result = run_cli("export", "executorch", "-m", tiny_llama_dir, "-o", str(tmp_path / "o"), "--max_seq_lne", "8")
     assert result.returncode == 2
-    assert "unrecognized arguments: --max_seq_lne" in result.stderr
+    assert "unrecognized arguments: --max_seq_lne 8. Did you mean '--max_seq_len'?" in result.stderr

@@ -8,6 +8,23 @@ from argparse import ArgumentParser
 
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
 
+from ..utils import suggest
+
+
+def _reject_unknown_options(parser: ArgumentParser) -> None:
+    """Makes `parser` fail on an unknown option with a "did you mean" hint (argparse only lists it)."""
+    parse_known_args = parser.parse_known_args
+
+    def checked(args=None, namespace=None):
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+            hints = "".join(suggest(a.split("=")[0], known) for a in extras if a.startswith("-"))
+            parser.error(f"unrecognized arguments: {' '.join(extras)}.{hints}")
+        return namespace, extras
+
+    parser.parse_known_args = checked
+
 
 def parse_args_executorch(parser: ArgumentParser) -> None:
     required = parser.add_argument_group("Required arguments")
@@ -42,6 +59,7 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
     )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
+    _reject_unknown_options(parser)
 
 
 class ExecuTorchExportCommand(BaseOptimumCLICommand):

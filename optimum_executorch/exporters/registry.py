@@ -1,13 +1,10 @@
 """The two operations every registry here needs: add a name once, look it up with a helpful error."""
 
-import difflib
 from typing import Any, Dict
 
+from ..utils import suggest
 
-def suggest(name: str, choices) -> str:
-    """` Did you mean 'x'?` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
+__all__ = ["register", "lookup", "suggest"]
 
 
 def register(table: Dict[str, Any], name: str, value: Any, what: str) -> Any:
