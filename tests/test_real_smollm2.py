@@ -65,3 +65,22 @@ def test_smollm2_export_directory_is_complete(smollm2_export, smollm2_eager):
     assert model.read_constant("get_eos_ids") == ([eos] if isinstance(eos, int) else list(eos))
     assert model.read_constant("get_vocab_size") == 49152
     assert model.read_constant("get_n_layers") == 30
+
+
+def test_smollm2_export_runs_in_executorch_text_llm_runner(smollm2_export):
+    """The same directory runs unchanged in ExecuTorch's C++ TextLLMRunner (Python binding)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels of llama::custom_sdpa
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    runner = TextLLMRunner(str(smollm2_export / "model.pte"), str(smollm2_export / "tokenizer.json"))
+    pieces = []
+    runner.generate(PROMPT, GenerationConfig(max_new_tokens=16, temperature=0.0, echo=False), pieces.append)
+    runner_text = "".join(pieces)
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_export)
+    model = ExecuTorchModelForCausalLM.from_pretrained(smollm2_export)
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    ours = tokenizer.decode(model.generate(input_ids, max_new_tokens=16, do_sample=False)[0, input_ids.shape[1] :])
+    # The runner counts its first token (from the prefill) apart, so it may stop one token earlier.
+    assert runner_text.startswith(" Paris")
+    assert len(runner_text) >= 20 and ours.startswith(runner_text), (runner_text, ours)

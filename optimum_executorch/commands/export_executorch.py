@@ -49,6 +49,17 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Allow modeling code shipped with the checkpoint to run. Review that code first.",
     )
     optional.add_argument("--cache_dir", default=None, help="Hugging Face cache directory.")
+    optional.add_argument("--qlinear", default=None, help="Quantize linear layers: 8da4w or 8da8w (torchao).")
+    optional.add_argument(
+        "--qlinear_group_size",
+        type=int,
+        default=None,
+        help="Group size of quantized linear weights: default 32 for 8da4w; 0 means per channel (8da8w).",
+    )
+    optional.add_argument("--qembedding", default=None, help="Quantize embeddings: 4w or 8w (torchao).")
+    optional.add_argument(
+        "--qembedding_group_size", type=int, default=0, help="Group size of quantized embedding weights (0: per row)."
+    )
     optional.add_argument(
         "--no_custom_sdpa",
         dest="custom_sdpa",

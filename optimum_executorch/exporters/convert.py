@@ -140,6 +140,8 @@ def main_export(
     logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
     eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
     tokenizer = load_tokenizer(options)
+    quantization = options.quantization_spec()
+    quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
     custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
     wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa)
@@ -156,7 +158,8 @@ def main_export(
         "methods": list(wrapper.method_names),
         "custom_sdpa": custom_sdpa,
         # Python modules that register kernels the program needs; the runtime imports them before loading.
-        "kernel_libraries": [CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else [],
+        "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries(),
+        "quantization": dict(quantization.to_dict(), layers=quantized_layers) if quantization.enabled else None,
         "metadata": constant_methods,
         "options": options.to_dict(),
         "versions": _package_versions(),

@@ -31,6 +31,11 @@ class ExportOptions:
         cache_dir: Hugging Face cache directory.
         token: Hugging Face Hub token.
         overwrite: replace an existing, non-empty `output_dir`.
+        qlinear: quantize every linear layer (`8da4w`, `8da8w`), see `quantization.py`.
+        qlinear_group_size: group size of the quantized linear weights (default 32 for 8da4w; 0: per
+            channel, the only choice for 8da8w).
+        qembedding: quantize the embeddings (`4w`, `8w`).
+        qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
             KV cache. `None` (default): on where the recipe and the model support it.
     """
@@ -48,6 +53,10 @@ class ExportOptions:
     token: Optional[str] = None
     overwrite: bool = False
     custom_sdpa: Optional[bool] = None
+    qlinear: Optional[str] = None
+    qlinear_group_size: Optional[int] = None
+    qembedding: Optional[str] = None
+    qembedding_group_size: int = 0
     # Options the user set explicitly (as opposed to defaults); filled by `from_kwargs`.
     explicit: frozenset = field(default_factory=frozenset, repr=False, compare=False)
 
@@ -90,8 +99,19 @@ class ExportOptions:
                 f"The '{recipe.name}' recipe does not support dtype '{self.dtype}'. "
                 f"It supports: {', '.join(recipe.supported_dtypes)}."
             )
+        self.quantization_spec()  # raises on an invalid scheme or group size
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 2):
             raise ValueError(f"max_seq_len must be an integer >= 2, got {self.max_seq_len!r}.")
+
+    def quantization_spec(self):
+        from .quantization import QuantizationSpec
+
+        return QuantizationSpec(
+            linear=self.qlinear,
+            linear_group_size=self.qlinear_group_size,
+            embedding=self.qembedding,
+            embedding_group_size=self.qembedding_group_size,
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         """The options as written into `executorch_config.json` (no secrets)."""

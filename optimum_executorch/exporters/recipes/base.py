@@ -37,6 +37,8 @@ class Recipe:
         program = edge.to_executorch(
             ExecutorchBackendConfig(
                 extract_delegate_segments=True,
+                # Folds torchao's dequantize + embedding into ExecuTorch's quantized embedding kernels.
+                do_quant_fusion_and_const_prop=True,
                 memory_planning_pass=MemoryPlanningPass(alloc_graph_input=True, alloc_graph_output=True),
             )
         )

@@ -1,0 +1,134 @@
+"""Quantization spec strings ("8da4w", "8w", group sizes) -> torchao configs applied to the eager model.
+
+`QuantizationSpec` is validated with the other options, before any model is loaded. `apply(model)`
+quantizes the model in place with torchao; the recipe's lowering then maps the quantized linears to
+XNNPACK's kernels and the quantized embeddings to ExecuTorch's `quantized_decomposed` kernels.
+
+Schemes:
+    linear     8da4w / 8da8w: int8 dynamic activations, int4 / int8 weights (XNNPACK kernels)
+    embedding  4w / 8w: int4 / int8 weights
+Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
+for one scale per output channel. A layer whose input size the group size does not divide falls back
+to per-channel, and the log says which.
+"""
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+from ..utils import suggest
+
+logger = logging.getLogger(__name__)
+
+LINEAR_SCHEMES = {"8da4w": 4, "8da8w": 8}
+EMBEDDING_SCHEMES = {"4w": 4, "8w": 8}
+# Kernels the program needs when embeddings are quantized (imported by the runtime before loading).
+QUANTIZED_KERNEL_LIBRARY = "executorch.kernels.quantized"
+
+
+def _check_group_size(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value & (value - 1)) != 0:
+        raise ValueError(
+            f"{name}={value!r} is not a valid group size: use a power of two such as 32, 64 or 128, "
+            "or 0 for one scale per output channel."
+        )
+
+
+@dataclass(frozen=True)
+class QuantizationSpec:
+    """Which layers to quantize, and how.
+
+    Args:
+        linear: scheme of every `nn.Linear` (including the LM head), or `None` to keep them in float.
+        linear_group_size: group size of the linear weights (0: per output channel). `None`: 32 for 8da4w,
+            per channel for 8da8w (XNNPACK's 8-bit weight kernels take one scale per channel).
+        embedding: scheme of every `nn.Embedding`, or `None`.
+        embedding_group_size: group size of the embedding weights (0: per row).
+    """
+
+    linear: Optional[str] = None
+    linear_group_size: Optional[int] = None
+    embedding: Optional[str] = None
+    embedding_group_size: int = 0
+
+    def __post_init__(self):
+        if self.linear is not None and self.linear not in LINEAR_SCHEMES:
+            raise ValueError(
+                f"qlinear '{self.linear}' is not supported.{suggest(self.linear, LINEAR_SCHEMES)} "
+                f"Choose one of: {', '.join(LINEAR_SCHEMES)}."
+            )
+        if self.embedding is not None and self.embedding not in EMBEDDING_SCHEMES:
+            raise ValueError(
+                f"qembedding '{self.embedding}' is not supported.{suggest(self.embedding, EMBEDDING_SCHEMES)} "
+                f"Choose one of: {', '.join(EMBEDDING_SCHEMES)}."
+            )
+        if self.linear_group_size is None:
+            object.__setattr__(self, "linear_group_size", 32 if self.linear == "8da4w" else 0)
+        _check_group_size("qlinear_group_size", self.linear_group_size)
+        if self.linear == "8da8w" and self.linear_group_size:
+            raise ValueError(
+                f"qlinear 8da8w takes one scale per output channel (XNNPACK has no grouped 8-bit kernels), "
+                f"got qlinear_group_size={self.linear_group_size}. Pass --qlinear_group_size 0, or use 8da4w."
+            )
+        _check_group_size("qembedding_group_size", self.embedding_group_size)
+
+    @property
+    def enabled(self) -> bool:
+        return self.linear is not None or self.embedding is not None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def kernel_libraries(self):
+        return [QUANTIZED_KERNEL_LIBRARY] if self.embedding else []
+
+    def apply(self, model) -> Dict[str, int]:
+        """Quantizes `model` in place. Returns how many layers got each treatment."""
+        import torch
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerAxis, PerGroup
+
+        summary: Dict[str, int] = {}
+
+        def quantize_layers(kind, layer_type, in_dim, group_size, make_config):
+            groups = {}
+            for name, module in model.named_modules():
+                if type(module) is not layer_type:
+                    continue
+                size = module.weight.shape[in_dim]
+                use_group = group_size if group_size and size % group_size == 0 else 0
+                if group_size and not use_group:
+                    logger.info("%s '%s' (%d inputs): group size %d does not fit, per-channel.", kind, name, size, group_size)
+                groups.setdefault(use_group, set()).add(name)
+            for use_group, names in groups.items():
+                granularity = PerGroup(use_group) if use_group else PerAxis(0)
+                quantize_(model, make_config(granularity), filter_fn=lambda m, fqn, names=names: fqn in names)
+                key = f"{kind}_{'group' + str(use_group) if use_group else 'per_channel'}"
+                summary[key] = len(names)
+
+        if self.embedding:
+            for module in model.modules():
+                if isinstance(module, torch.nn.Embedding):
+                    # Only matters for training; the fused quantized embedding kernels take no padding index.
+                    module.padding_idx = None
+            bits = EMBEDDING_SCHEMES[self.embedding]
+            quantize_layers(
+                "embedding",
+                torch.nn.Embedding,
+                1,
+                self.embedding_group_size,
+                lambda g: IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=g),
+            )
+        if self.linear:
+            bits = LINEAR_SCHEMES[self.linear]
+            quantize_layers(
+                "linear",
+                torch.nn.Linear,
+                1,
+                self.linear_group_size,
+                lambda g: Int8DynamicActivationIntxWeightConfig(
+                    weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g
+                ),
+            )
+        logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
+        return summary
