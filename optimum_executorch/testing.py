@@ -132,18 +132,19 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, rtol: floa
 
 
 def assert_generation_matches_eager(
-    model_dir: Union[str, Path],
+    reference: Union[str, Path, torch.nn.Module],
     et_model,
     input_ids: Optional[torch.Tensor] = None,
     max_new_tokens: int = 20,
     rtol: float = 1e-4,
 ) -> torch.Tensor:
-    """Asserts that `et_model` (an `ExecuTorchModelForCausalLM`) matches the eager model of `model_dir`.
+    """Asserts that `et_model` (an `ExecuTorchModelForCausalLM`) matches the eager model `reference`
+    (a model, or a checkpoint directory loaded with `load_eager`).
 
     Checks: prefill logits of the prompt within `rtol` (see `assert_logits_close`), then the same greedy tokens for
     `max_new_tokens`, then the logits of a decode step at the end of that sequence. Returns the tokens.
     """
-    eager = load_eager(model_dir)
+    eager = reference if isinstance(reference, torch.nn.Module) else load_eager(reference)
     if input_ids is None:
         torch.manual_seed(0)
         input_ids = torch.randint(3, eager.config.vocab_size, (1, 7))

@@ -13,7 +13,7 @@ import torch
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.quantization import QuantizationSpec
-from optimum_executorch.testing import assert_logits_close, greedy_eager, load_eager
+from optimum_executorch.testing import assert_generation_matches_eager, load_eager
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123, 301, 44]])
 
@@ -33,34 +33,22 @@ def _export_and_reference(src, out, **options):
     return ExecuTorchModelForCausalLM.from_pretrained(out), eager_q, json.loads((out / "executorch_config.json").read_text())
 
 
-def test_8bit_quantization_matches_quantized_eager(tiny_llama_dir, tmp_path):
-    model, eager_q, config = _export_and_reference(tiny_llama_dir, tmp_path / "et", qlinear="8da8w", qembedding="8w")
-    assert config["quantization"]["layers"] == {"embedding_per_channel": 1, "linear_per_channel": 15}
-    assert config["kernel_libraries"][-1] == "executorch.kernels.quantized"
-    with torch.no_grad():
-        expected = eager_q(PROMPT).logits[:, -1:]
-    assert_logits_close(model(PROMPT).logits, expected, rtol=1e-4)
-    actual = model.generate(PROMPT, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    assert actual.tolist() == greedy_eager(eager_q, PROMPT, 12).tolist()
-
-
 @pytest.mark.parametrize(
     "options, layers",
     [
+        ({"qlinear": "8da8w", "qembedding": "8w"}, {"embedding_per_channel": 1, "linear_per_channel": 15}),
         ({"qlinear": "8da4w", "qembedding": "4w"}, {"embedding_per_channel": 1, "linear_group32": 15}),
         # 128 divides only down_proj's 128 inputs: the other linears (64 inputs) fall back to per-channel.
         ({"qlinear": "8da4w", "qlinear_group_size": 128}, {"linear_group128": 2, "linear_per_channel": 13}),
     ],
-    ids=["8da4w-g32+4w", "8da4w-g128-fallback"],
+    ids=["8da8w+8w", "8da4w-g32+4w", "8da4w-g128-fallback"],
 )
-def test_4bit_quantization_matches_quantized_eager(tiny_llama_dir, tmp_path, options, layers):
+def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, options, layers):
     model, eager_q, config = _export_and_reference(tiny_llama_dir, tmp_path / "et", **options)
     assert config["quantization"]["layers"] == layers
-    with torch.no_grad():
-        expected = eager_q(PROMPT).logits[:, -1:]
-    assert_logits_close(model(PROMPT).logits, expected, rtol=1e-4)
-    actual = model.generate(PROMPT, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    assert actual.tolist() == greedy_eager(eager_q, PROMPT, 12).tolist()
+    if options.get("qembedding"):
+        assert config["kernel_libraries"][-1] == "executorch.kernels.quantized"
+    assert_generation_matches_eager(eager_q, model, PROMPT, max_new_tokens=12)
 
 
 @pytest.mark.parametrize(
