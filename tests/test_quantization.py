@@ -37,11 +37,11 @@ def _export_and_reference(src, out, **options):
     "options, layers",
     [
         ({"qlinear": "8da8w", "qembedding": "8w"}, {"embedding_per_channel": 1, "linear_per_channel": 15}),
-        ({"qlinear": "8da4w", "qembedding": "4w"}, {"embedding_per_channel": 1, "linear_group32": 15}),
+        ({"qlinear": "8da4w", "qembedding": "8w"}, {"embedding_per_channel": 1, "linear_group32": 15}),
         # 128 divides only down_proj's 128 inputs: the other linears (64 inputs) fall back to per-channel.
         ({"qlinear": "8da4w", "qlinear_group_size": 128}, {"linear_group128": 2, "linear_per_channel": 13}),
     ],
-    ids=["8da8w+8w", "8da4w-g32+4w", "8da4w-g128-fallback"],
+    ids=["8da8w+8w", "8da4w-g32+8w", "8da4w-g128-fallback"],
 )
 def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, options, layers):
     model, eager_q, config = _export_and_reference(tiny_llama_dir, tmp_path / "et", **options)
@@ -55,7 +55,7 @@ def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, opti
     "kwargs, message",
     [
         ({"qlinear": "8da4"}, "Did you mean '8da4w'"),
-        ({"qembedding": "16w"}, "Choose one of: 4w, 8w"),
+        ({"qembedding": "16w"}, "Choose one of: 8w"),
         ({"qlinear": "8da4w", "qlinear_group_size": 48}, "not a valid group size"),
         ({"qlinear": "8da4w", "qlinear_group_size": -32}, "not a valid group size"),
         ({"qembedding": "8w", "qembedding_group_size": 3}, "not a valid group size"),

@@ -34,7 +34,7 @@ class ExportOptions:
         qlinear: quantize every linear layer (`8da4w`, `8da8w`), see `quantization.py`.
         qlinear_group_size: group size of the quantized linear weights (default 32 for 8da4w; 0: per
             channel, the only choice for 8da8w).
-        qembedding: quantize the embeddings (`4w`, `8w`).
+        qembedding: quantize the embeddings (`8w`).
         qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
             KV cache. `None` (default): on where the recipe and the model support it.

@@ -6,7 +6,7 @@ XNNPACK's kernels and the quantized embeddings to ExecuTorch's `quantized_decomp
 
 Schemes:
     linear     8da4w / 8da8w: int8 dynamic activations, int4 / int8 weights (XNNPACK kernels)
-    embedding  4w / 8w: int4 / int8 weights
+    embedding  8w: int8 weights
 Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
 for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
@@ -21,7 +21,10 @@ from ..utils import suggest
 logger = logging.getLogger(__name__)
 
 LINEAR_SCHEMES = {"8da4w": 4, "8da8w": 8}
-EMBEDDING_SCHEMES = {"4w": 4, "8w": 8}
+# "4w" embeddings are held back: exported together with 8da4w linears, some rows of ExecuTorch's 4-bit
+# embedding kernel disagree with torchao's reference (2e-2 of the largest logit from the first such token on
+# a tiny llama; exact when the embedding is the only quantized layer). Offer it again with a test that passes.
+EMBEDDING_SCHEMES = {"8w": 8}
 # Kernels the program needs when embeddings are quantized (imported by the runtime before loading).
 QUANTIZED_KERNEL_LIBRARY = "executorch.kernels.quantized"
 
