@@ -163,3 +163,11 @@ def test_push_to_hub_uploads_the_export_directory(et_model, monkeypatch):
     assert et_model.push_to_hub("me/tiny-llama-et", private=True).endswith("me/tiny-llama-et")
     assert uploaded["repo"] == ("me/tiny-llama-et", True, True)
     assert {"model.pte", "config.json", "executorch_config.json", "tokenizer.json"} <= set(uploaded["files"])
+
+
+def test_from_pretrained_with_export_true_exports_on_the_fly(tiny_llama_dir, tmp_path):
+    model = ExecuTorchModelForCausalLM.from_pretrained(tiny_llama_dir, export=True, max_seq_len=32, recipe="portable")
+    assert model.max_seq_len == 32 and model.executorch_config["recipe"] == "portable"
+    assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=10)
+    model.save_pretrained(tmp_path / "saved")  # the temporary export can be kept
+    assert ExecuTorchModelForCausalLM.from_pretrained(tmp_path / "saved").max_seq_len == 32

@@ -33,7 +33,7 @@ def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
         raise ValueError("executorch_custom_sdpa needs position_ids to locate the new tokens in the cache.")
     start_pos = position_ids[0, 0].item()
     max_seq_len = module.et_key_cache.shape[1]
-    torch._check_is_size(start_pos)
+    torch._check(start_pos >= 0)
     torch._check(start_pos < max_seq_len)
     torch._check(start_pos + query.shape[2] <= max_seq_len)
 
