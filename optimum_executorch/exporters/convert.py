@@ -146,7 +146,7 @@ def main_export(
     custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
     wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa)
     programs = export_programs(wrapper)
-    constant_methods = wrapper.metadata(eager.generation_config, tokenizer)
+    constant_methods = wrapper.metadata(eager.generation_config)
     executorch_program = recipe.lower(programs, constant_methods)
 
     executorch_config = {

@@ -5,7 +5,7 @@ here. Unknown or misspelled options are rejected with a "did you mean" hint inst
 """
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from .registry import suggest
@@ -57,12 +57,10 @@ class ExportOptions:
     qlinear_group_size: Optional[int] = None
     qembedding: Optional[str] = None
     qembedding_group_size: int = 0
-    # Options the user set explicitly (as opposed to defaults); filled by `from_kwargs`.
-    explicit: frozenset = field(default_factory=frozenset, repr=False, compare=False)
 
     @classmethod
     def field_names(cls):
-        return [f.name for f in dataclasses.fields(cls) if f.name != "explicit"]
+        return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ExportOptions":
@@ -74,8 +72,7 @@ class ExportOptions:
             raise TypeError(
                 "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
             )
-        explicit = frozenset(k for k, v in kwargs.items() if v is not None)
-        options = cls(**kwargs, explicit=explicit)
+        options = cls(**kwargs)
         options.validate()
         return options
 

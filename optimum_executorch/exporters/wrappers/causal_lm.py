@@ -87,7 +87,7 @@ class CausalLMExportableModule(torch.nn.Module):
         seq = torch.export.Dim("seq_len", min=1, max=self.max_seq_len - 1)
         return {"forward": ({1: seq}, {0: seq})}
 
-    def metadata(self, generation_config, tokenizer=None) -> Dict[str, Any]:
+    def metadata(self, generation_config) -> Dict[str, Any]:
         """Constant methods stored in the program, read by ExecuTorch's LLM runner and by our runtime."""
         text_config = self.model.config.get_text_config()
         eos = generation_config.eos_token_id if generation_config is not None else None
