@@ -134,8 +134,10 @@ def test_generation_stops_cleanly_at_the_context_limit(et_model, eager, caplog):
         (lambda m: m.generate(PROMPT, num_beams=2, max_new_tokens=2), "num_beams=1"),
         (lambda m: m(torch.tensor([[5]]), cache_position=torch.tensor([64])), "beyond the 64"),
         (lambda m: m(PROMPT, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]])), "Padding is not supported"),
+        (lambda m: m(PROMPT, cache_position=torch.arange(3)), "one position per token"),
     ],
-    ids=["prompt-too-long", "id-too-large", "negative-id", "batch-2", "beam-search", "past-context", "padding"],
+    ids=["prompt-too-long", "id-too-large", "negative-id", "batch-2", "beam-search", "past-context", "padding",
+         "positions-mismatch"],
 )
 def test_bad_runtime_input_raises_clear_error(et_model, call, message):
     with pytest.raises(ValueError, match=message):

@@ -14,6 +14,7 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .base import ExecuTorchModel
+from .threads import exclusive_cores
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,11 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         if cache_position is None:
             cache_position = torch.arange(seq_len, dtype=torch.long)
         cache_position = cache_position.to(torch.long).reshape(-1)
+        if cache_position.numel() != seq_len:
+            raise ValueError(
+                f"cache_position has {cache_position.numel()} positions for {seq_len} input tokens: pass one "
+                "position per token (or None to start a new sequence)."
+            )
         end = int(cache_position[-1]) + 1
         if end > self.max_seq_len:
             raise ValueError(
@@ -117,9 +123,12 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         input_ids = input_ids.to(torch.long)
         # The program accepts at most max_seq_len - 1 tokens a call: feed a longer prompt in chunks.
         step = self.max_seq_len - 1
-        for start in range(0, seq_len, step):
-            chunk = slice(start, start + step)
-            logits = self._forward_method.execute([input_ids[:, chunk].contiguous(), cache_position[chunk].contiguous()])[0]
+        with exclusive_cores():
+            for start in range(0, seq_len, step):
+                chunk = slice(start, start + step)
+                logits = self._forward_method.execute(
+                    [input_ids[:, chunk].contiguous(), cache_position[chunk].contiguous()]
+                )[0]
         self._next_position = end
         return CausalLMOutputWithPast(logits=logits.reshape(1, 1, -1))
 
@@ -174,4 +183,5 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             )
             kwargs["max_new_tokens"] = room
             kwargs.pop("max_length", None)
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+        with exclusive_cores():  # once for the whole loop, see threads.py
+            return super().generate(inputs, generation_config=generation_config, **kwargs)
