@@ -11,6 +11,10 @@ from .version import __version__
 _LAZY = {
     "ExecuTorchModel": ".modeling",
     "ExecuTorchModelForCausalLM": ".modeling",
+    "ExecuTorchModelForFeatureExtraction": ".modeling",
+    "ExecuTorchModelForMaskedLM": ".modeling",
+    "ExecuTorchModelForSequenceClassification": ".modeling",
+    "ExecuTorchModelForTokenClassification": ".modeling",
     "main_export": ".exporters",
     "ExportOptions": ".exporters",
 }

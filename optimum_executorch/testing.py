@@ -40,11 +40,33 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
+# Encoders (BERT-like). DistilBERT names its sizes differently; `tiny_config` maps them.
+TINY_ENCODER_CONFIG: Dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "num_labels": 3,
+}
+_DISTILBERT_NAMES = {"hidden_size": "dim", "intermediate_size": "hidden_dim", "num_hidden_layers": "n_layers",
+                     "num_attention_heads": "n_heads"}
+ENCODER_MODEL_TYPES = ("bert", "roberta", "distilbert", "albert", "mobilebert", "xlm-roberta")
+
+
 def tiny_config(model_type: str, **overrides: Any):
     """A 2-layer, hidden-64 config of `model_type` (any transformers model type)."""
     from transformers import AutoConfig
 
-    kwargs = dict(TINY_DECODER_CONFIG)
+    kwargs = dict(TINY_ENCODER_CONFIG if model_type in ENCODER_MODEL_TYPES else TINY_DECODER_CONFIG)
+    if model_type == "distilbert":
+        kwargs = {_DISTILBERT_NAMES.get(k, k): v for k, v in kwargs.items()}
+    if model_type == "mobilebert":
+        kwargs.update(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32)
+    if model_type == "albert":
+        kwargs.update(embedding_size=32)
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)
 
@@ -77,6 +99,57 @@ def tiny_tokenizer(vocab_size: int = TINY_DECODER_CONFIG["vocab_size"]):
         eos_token="</s>",
         chat_template=TINY_CHAT_TEMPLATE,
     )
+
+
+def tiny_wordpiece_tokenizer(vocab_size: int = TINY_ENCODER_CONFIG["vocab_size"]):
+    """A BERT-style WordPiece tokenizer ([CLS] ... [SEP], [MASK]) trained in milliseconds."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    corpus = [
+        "The capital of France is Paris. The capital of Italy is Rome.",
+        "A small model runs on a phone; a large one needs a server.",
+        "ExecuTorch runs PyTorch programs on mobile and embedded devices.",
+    ] * 4
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+
+
+def save_tiny_encoder(model_type: str, directory: Union[str, Path], task: str = "fill-mask", seed: int = 0, **overrides):
+    """Builds a random tiny encoder of `model_type` for `task`, saves it and a WordPiece tokenizer."""
+    import transformers
+
+    auto = {
+        "feature-extraction": "AutoModel",
+        "fill-mask": "AutoModelForMaskedLM",
+        "text-classification": "AutoModelForSequenceClassification",
+        "token-classification": "AutoModelForTokenClassification",
+    }[task]
+    directory = Path(directory)
+    config = tiny_config(model_type, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, auto).from_config(config)
+    model.save_pretrained(directory)
+    tiny_wordpiece_tokenizer(config.vocab_size).save_pretrained(directory)
+    return str(directory)
 
 
 def save_tiny_model(

@@ -24,7 +24,7 @@ def _no_partial_dirs(parent):
         ({"dtype": "float64"}, ValueError, "Choose one of: float32, float16, bfloat16"),
         ({"dtype": "bfloat16", "recipe": "xnnpack"}, ValueError, "does not support dtype 'bfloat16'"),
         ({"max_seq_len": 1}, ValueError, "max_seq_len must be an integer >= 2"),
-        ({"max_seq_len": 4096}, ValueError, "exceeds the model's max_position_embeddings=256"),
+        ({"max_seq_len": 4096}, ValueError, "exceeds the 256 positions this model can take"),
     ],
 )
 def test_bad_option_is_rejected_before_writing(tiny_llama_dir, tmp_path, kwargs, error, message):

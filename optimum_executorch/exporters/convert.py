@@ -93,8 +93,9 @@ def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> bo
         return recipe.custom_sdpa_default and supported
     if options.custom_sdpa and not supported:
         raise ValueError(
-            f"custom_sdpa is not supported for this {export_config.hf_config.model_type} model: it has sliding-window "
-            "layers shorter than max_seq_len. Drop --custom_sdpa or lower --max_seq_len to the window."
+            f"custom_sdpa is not supported for this {export_config.hf_config.model_type} {export_config.task} export: "
+            "it needs causal attention over the whole context (no encoder, no sliding-window layer shorter than "
+            "max_seq_len). Drop --custom_sdpa, or lower --max_seq_len to the window."
         )
     return options.custom_sdpa
 
@@ -144,9 +145,11 @@ def main_export(
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
     custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
-    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa)
+    wrapper = task_spec.load_wrapper_class()(
+        eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa, **export_config.wrapper_kwargs()
+    )
     programs = export_programs(wrapper)
-    constant_methods = wrapper.metadata(eager.generation_config)
+    constant_methods = wrapper.metadata(getattr(eager, "generation_config", None))
     executorch_program = recipe.lower(programs, constant_methods)
 
     executorch_config = {
@@ -156,6 +159,7 @@ def main_export(
         "dtype": options.dtype,
         "max_seq_len": max_seq_len,
         "methods": list(wrapper.method_names),
+        "inputs": list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
         "custom_sdpa": custom_sdpa,
         # Python modules that register kernels the program needs; the runtime imports them before loading.
         "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries(),
@@ -169,7 +173,7 @@ def main_export(
         with open(directory / PTE_FILE_NAME, "wb") as f:
             executorch_program.write_to_file(f)
         eager.config.save_pretrained(directory)
-        if eager.generation_config is not None:
+        if getattr(eager, "generation_config", None) is not None and eager.can_generate():
             eager.generation_config.save_pretrained(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)

@@ -19,12 +19,14 @@ class TaskSpec:
         auto_model_class: name of the transformers Auto class that loads the eager model.
         wrapper: "module:Class" of the `nn.Module` wrapper that makes the model exportable for this task.
         runtime_class: name of the `optimum_executorch` runtime class that serves the program.
+        output_name: the field of the transformers model output that the program returns.
     """
 
     name: str
     auto_model_class: str
     wrapper: str
     runtime_class: str
+    output_name: str = "logits"
 
     def load_auto_class(self):
         import transformers
@@ -55,3 +57,12 @@ register_task(
         runtime_class="ExecuTorchModelForCausalLM",
     )
 )
+
+_ENCODER_WRAPPER = ".wrappers.encoder:EncoderExportableModule"
+for _name, _auto, _runtime, _output in (
+    ("feature-extraction", "AutoModel", "ExecuTorchModelForFeatureExtraction", "last_hidden_state"),
+    ("fill-mask", "AutoModelForMaskedLM", "ExecuTorchModelForMaskedLM", "logits"),
+    ("text-classification", "AutoModelForSequenceClassification", "ExecuTorchModelForSequenceClassification", "logits"),
+    ("token-classification", "AutoModelForTokenClassification", "ExecuTorchModelForTokenClassification", "logits"),
+):
+    register_task(TaskSpec(_name, _auto, _ENCODER_WRAPPER, _runtime, _output))

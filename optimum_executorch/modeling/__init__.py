@@ -2,5 +2,18 @@
 
 from .base import ExecuTorchModel
 from .causal_lm import ExecuTorchModelForCausalLM
+from .encoder import (
+    ExecuTorchModelForFeatureExtraction,
+    ExecuTorchModelForMaskedLM,
+    ExecuTorchModelForSequenceClassification,
+    ExecuTorchModelForTokenClassification,
+)
 
-__all__ = ["ExecuTorchModel", "ExecuTorchModelForCausalLM"]
+__all__ = [
+    "ExecuTorchModel",
+    "ExecuTorchModelForCausalLM",
+    "ExecuTorchModelForFeatureExtraction",
+    "ExecuTorchModelForMaskedLM",
+    "ExecuTorchModelForSequenceClassification",
+    "ExecuTorchModelForTokenClassification",
+]

@@ -57,6 +57,19 @@ def _resolve_model_dir(
     return Path(path) / subfolder
 
 
+def register_for_pipelines(cls):
+    """Class decorator: lists a runtime class in its transformers Auto class (`cls.auto_model_class`).
+
+    `transformers.pipeline(task, model=et_model)` checks the model's class against that Auto class and logs
+    an error for any other class. It is registered under `AutoConfig`, a key no real config has, so no
+    transformers model lookup changes.
+    """
+    import transformers
+
+    getattr(transformers, cls.auto_model_class).register(AutoConfig, cls, exist_ok=True)
+    return cls
+
+
 class ExecuTorchModel(OptimizedModel):
     """Base class of the runtime models: an ExecuTorch program plus the configs exported with it.
 

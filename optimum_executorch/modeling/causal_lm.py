@@ -13,12 +13,13 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .base import ExecuTorchModel
+from .base import ExecuTorchModel, register_for_pipelines
 from .threads import exclusive_cores
 
 logger = logging.getLogger(__name__)
 
 
+@register_for_pipelines
 class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     """A text-generation `.pte` with the transformers API.
 
@@ -39,6 +40,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     """
 
     task = "text-generation"
+    auto_model_class = "AutoModelForCausalLM"
     main_input_name = "input_ids"
     _is_stateful = True
     _supports_cache_class = False

@@ -34,7 +34,7 @@ def get_export_config(hf_config, task=None) -> ExportConfig:
         )
     cls = EXPORT_CONFIGS[model_type]
     if task is None:
-        task = cls.tasks[0]
+        task = cls.infer_task(hf_config)
     if task not in cls.tasks:
         raise ValueError(
             f"Task '{task}' is not supported for model_type '{model_type}'; supported: {', '.join(cls.tasks)}. "
@@ -44,4 +44,4 @@ def get_export_config(hf_config, task=None) -> ExportConfig:
 
 
 # Built-in families register themselves on import.
-from . import decoder_lm  # noqa: E402,F401
+from . import decoder_lm, encoder  # noqa: E402,F401

@@ -1,6 +1,6 @@
 """`ExportConfig`: the base class of the per-family export configs."""
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 
 class ExportConfig:
@@ -16,6 +16,11 @@ class ExportConfig:
     def __init__(self, hf_config, task: str):
         self.hf_config = hf_config
         self.task = task
+
+    @classmethod
+    def infer_task(cls, hf_config) -> str:
+        """The task to export for when none is given: the first of `tasks` unless a family knows better."""
+        return cls.tasks[0]
 
     @property
     def text_config(self):
@@ -33,14 +38,22 @@ class ExportConfig:
         window = getattr(self.text_config, "sliding_window", None)
         return window is None or window >= max_seq_len
 
+    def wrapper_kwargs(self) -> Dict[str, Any]:
+        """Family-specific keyword arguments of the task's exportable wrapper."""
+        return {}
+
+    def max_positions(self) -> Optional[int]:
+        """The longest sequence the model can take (`max_position_embeddings`), or None if unbounded."""
+        return getattr(self.text_config, "max_position_embeddings", None)
+
     def resolve_max_seq_len(self, requested) -> int:
         """`requested` if given (checked against the model's limit), else min(default, model limit)."""
-        limit = getattr(self.text_config, "max_position_embeddings", None)
+        limit = self.max_positions()
         if requested is None:
             return min(self.default_max_seq_len, limit) if limit else self.default_max_seq_len
         if limit and requested > limit:
             raise ValueError(
-                f"max_seq_len={requested} exceeds the model's max_position_embeddings={limit}. "
+                f"max_seq_len={requested} exceeds the {limit} positions this model can take. "
                 f"Pass --max_seq_len {limit} or less."
             )
         return requested
