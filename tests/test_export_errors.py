@@ -4,7 +4,7 @@ import json
 import shutil
 
 import pytest
-from transformers import BertConfig
+from transformers import GPT2Config
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.recipes.base import Recipe
@@ -18,7 +18,7 @@ def _no_partial_dirs(parent):
     "kwargs, error, message",
     [
         ({"task": "text-generatoin"}, ValueError, "Did you mean 'text-generation'"),
-        ({"task": "image-to-pizza"}, ValueError, "Supported tasks: text-generation"),
+        ({"task": "image-to-pizza"}, ValueError, "Supported tasks: feature-extraction, fill-mask"),
         ({"max_seq_length": 128}, TypeError, "Did you mean 'max_seq_len'"),
         ({"recipe": "xnnpak"}, ValueError, "Did you mean 'xnnpack'"),
         ({"dtype": "float64"}, ValueError, "Choose one of: float32, float16, bfloat16"),
@@ -35,11 +35,9 @@ def test_bad_option_is_rejected_before_writing(tiny_llama_dir, tmp_path, kwargs,
 
 
 def test_unsupported_model_type_lists_supported(tmp_path):
-    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
-        tmp_path / "bert"
-    )
-    with pytest.raises(ValueError, match=r"model_type 'bert' is not supported.*Supported model types: .*llama"):
-        main_export(tmp_path / "bert", tmp_path / "out")
+    GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported.*Supported model types: .*bert.*llama"):
+        main_export(tmp_path / "gpt2", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
