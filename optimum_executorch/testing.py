@@ -40,7 +40,7 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-# Encoders (BERT-like). DistilBERT names its sizes differently; `tiny_config` maps them.
+# Encoders (BERT-like); each family's config says how it departs from this (configs/encoder.py).
 TINY_ENCODER_CONFIG: Dict[str, Any] = {
     "vocab_size": 128,
     "hidden_size": 64,
@@ -51,22 +51,19 @@ TINY_ENCODER_CONFIG: Dict[str, Any] = {
     "pad_token_id": 0,
     "num_labels": 3,
 }
-_DISTILBERT_NAMES = {"hidden_size": "dim", "intermediate_size": "hidden_dim", "num_hidden_layers": "n_layers",
-                     "num_attention_heads": "n_heads"}
-ENCODER_MODEL_TYPES = ("bert", "roberta", "distilbert", "albert", "mobilebert", "xlm-roberta")
 
 
 def tiny_config(model_type: str, **overrides: Any):
     """A 2-layer, hidden-64 config of `model_type` (any transformers model type)."""
     from transformers import AutoConfig
 
-    kwargs = dict(TINY_ENCODER_CONFIG if model_type in ENCODER_MODEL_TYPES else TINY_DECODER_CONFIG)
-    if model_type == "distilbert":
-        kwargs = {_DISTILBERT_NAMES.get(k, k): v for k, v in kwargs.items()}
-    if model_type == "mobilebert":
-        kwargs.update(embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32)
-    if model_type == "albert":
-        kwargs.update(embedding_size=32)
+    from .exporters.configs import EXPORT_CONFIGS
+    from .exporters.configs.base import ExportConfig
+
+    family = EXPORT_CONFIGS.get(model_type, ExportConfig)
+    base = TINY_ENCODER_CONFIG if family.tiny_config_base == "encoder" else TINY_DECODER_CONFIG
+    kwargs = {family.tiny_config_renames.get(k, k): v for k, v in base.items()}
+    kwargs.update(family.tiny_config_extra)
     kwargs.update(overrides)
     return AutoConfig.for_model(model_type, **kwargs)
 

@@ -12,6 +12,11 @@ class ExportConfig:
     model_types: tuple = ()
     tasks: tuple = ()
     default_max_seq_len: int = 2048
+    # How `optimum_executorch.testing.tiny_config` shrinks this family: which size table it starts from,
+    # names this family's config uses instead of the usual ones, and family-specific extra sizes.
+    tiny_config_base: str = "decoder"
+    tiny_config_renames: Dict[str, str] = {}
+    tiny_config_extra: Dict[str, Any] = {}
 
     def __init__(self, hf_config, task: str):
         self.hf_config = hf_config

@@ -15,12 +15,13 @@ _TASK_BY_ARCHITECTURE_SUFFIX = {
 }
 
 
-@register_export_config("bert", "distilbert", "albert", "mobilebert")
+@register_export_config("bert")
 class EncoderExportConfig(ExportConfig):
     """BERT-like encoders. The program takes `token_type_ids` when the model has segment embeddings."""
 
     tasks = ("feature-extraction", "fill-mask", "text-classification", "token-classification")
     default_max_seq_len = 512
+    tiny_config_base = "encoder"
     # How many positions of `max_position_embeddings` a sequence cannot use (RoBERTa's padding offset).
     position_offset = 0
 
@@ -59,3 +60,29 @@ class RobertaExportConfig(EncoderExportConfig):
     @property
     def position_offset(self) -> int:
         return (getattr(self.hf_config, "pad_token_id", None) or 0) + 1
+
+
+@register_export_config("distilbert")
+class DistilBertExportConfig(EncoderExportConfig):
+    """DistilBERT: BERT without segment embeddings, with its own names for the sizes."""
+
+    tiny_config_renames = {
+        "hidden_size": "dim",
+        "intermediate_size": "hidden_dim",
+        "num_hidden_layers": "n_layers",
+        "num_attention_heads": "n_heads",
+    }
+
+
+@register_export_config("albert")
+class AlbertExportConfig(EncoderExportConfig):
+    """ALBERT: factorized embeddings, shared layers."""
+
+    tiny_config_extra = {"embedding_size": 32}
+
+
+@register_export_config("mobilebert")
+class MobileBertExportConfig(EncoderExportConfig):
+    """MobileBERT: bottleneck layers inside each block."""
+
+    tiny_config_extra = {"embedding_size": 32, "intra_bottleneck_size": 32, "true_hidden_size": 32}
