@@ -98,6 +98,61 @@ def tiny_tokenizer(vocab_size: int = TINY_DECODER_CONFIG["vocab_size"]):
     )
 
 
+def save_tiny_sentencepiece_tokenizer(directory: Union[str, Path], vocab_size: int = 400):
+    """Trains a byte-fallback SentencePiece BPE model (Llama-style `tokenizer.model`) in well under a second,
+    saves it with a `tokenizer_config.json` to `directory` and returns the Hugging Face tokenizer of it."""
+    import json
+
+    import sentencepiece
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus = [
+        "The capital of France is Paris. The capital of Italy is Rome.",
+        "Once upon a time there was a small model that ran on a phone.",
+        "naïve café, déjà vu; 日本語 and emoji 🙂 with digits 12345.",
+    ] * 20
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_prefix=str(directory / "tokenizer"),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        # As Llama's: no NFKC and whitespace kept as written (the converted fast tokenizer does neither).
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        minloglevel=2,
+    )
+    (directory / "tokenizer.vocab").unlink()
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def keep_whole_character_tokens(model, tokenizer) -> None:
+    """Zeroes the LM-head rows of tokens that do not decode to whole characters, so that a random model writes
+    text that ExecuTorch's runner passes on as Python does: bytes of a longer UTF-8 character (the runner's
+    binding cannot pass a partial character to Python), SentencePiece byte-fallback pieces (the runner's
+    SentencePiece decoder prints them as `<0xNN>`) and ids beyond the tokenizer."""
+    import re
+
+    byte_piece = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+    with torch.no_grad():
+        for token_id in range(model.config.vocab_size):
+            if (
+                token_id >= len(tokenizer)
+                or "\ufffd" in tokenizer.decode([token_id])
+                or byte_piece.match(tokenizer.convert_ids_to_tokens(token_id) or "")
+            ):
+                model.lm_head.weight[token_id] = 0.0
+
+
 def tiny_wordpiece_tokenizer(vocab_size: int = TINY_ENCODER_CONFIG["vocab_size"]):
     """A BERT-style WordPiece tokenizer ([CLS] ... [SEP], [MASK]) trained in milliseconds."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers

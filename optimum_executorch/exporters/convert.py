@@ -19,10 +19,11 @@ import torch
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .configs import get_export_config
-from .loading import load_config, load_model, load_tokenizer
+from .loading import load_config, load_model, load_tokenizer, sentencepiece_model_file
 from .options import ExportOptions
 from .recipes import get_recipe
 from .tasks import get_task
+from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,11 @@ def main_export(
             eager.generation_config.save_pretrained(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
+            if task_spec.llm_runner:
+                sentencepiece_model = sentencepiece_model_file(options)
+                if sentencepiece_model and not (directory / "tokenizer.model").exists():
+                    shutil.copy(sentencepiece_model, directory / "tokenizer.model")
+                executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
         with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
             json.dump(executorch_config, f, indent=2, sort_keys=True)
 

@@ -73,3 +73,19 @@ def load_tokenizer(options) -> Optional[Any]:
     except (OSError, ValueError, TypeError) as err:
         logger.warning("No tokenizer saved with the export: could not load one from '%s' (%s).", options.model, err)
         return None
+
+
+def sentencepiece_model_file(options) -> Optional[str]:
+    """The checkpoint's SentencePiece `tokenizer.model`, or `None`. transformers does not save it with a fast
+    tokenizer, but ExecuTorch's runner needs it for SentencePiece models (it cannot read their tokenizer.json)."""
+    if options.gguf_file:
+        return None
+    local = os.path.join(options.model, "tokenizer.model")
+    if os.path.isdir(options.model):
+        return local if os.path.isfile(local) else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(options.model, "tokenizer.model", **_hub_kwargs(options))
+    except Exception:  # no such file in the repo, or offline
+        return None

@@ -20,6 +20,8 @@ class TaskSpec:
         wrapper: "module:Class" of the `nn.Module` wrapper that makes the model exportable for this task.
         runtime_class: name of the `optimum_executorch` runtime class that serves the program.
         output_name: the field of the transformers model output that the program returns.
+        llm_runner: the program follows the contract of ExecuTorch's C++ LLM runner (`TextLLMRunner`); the
+            export then checks that the runner tokenizes like the Hugging Face tokenizer.
     """
 
     name: str
@@ -27,6 +29,7 @@ class TaskSpec:
     wrapper: str
     runtime_class: str
     output_name: str = "logits"
+    llm_runner: bool = False
 
     def load_auto_class(self):
         import transformers
@@ -55,6 +58,7 @@ register_task(
         auto_model_class="AutoModelForCausalLM",
         wrapper=".wrappers.causal_lm:CausalLMExportableModule",
         runtime_class="ExecuTorchModelForCausalLM",
+        llm_runner=True,
     )
 )
 

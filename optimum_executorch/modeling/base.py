@@ -79,6 +79,8 @@ class ExecuTorchModel(OptimizedModel):
 
     task: Optional[str] = None
     auto_model_class = None
+    # Keyword arguments of `from_pretrained` that configure the runtime class itself (e.g. `engine`).
+    runtime_options: tuple = ()
 
     def __init__(
         self,
@@ -147,8 +149,10 @@ class ExecuTorchModel(OptimizedModel):
             model_id: an export directory, a Hub repo holding one, or (with `export=True`) a transformers
                 checkpoint directory or Hub id.
             export: export `model_id` into a temporary directory first. Remaining keyword arguments are
-                export options (`recipe`, `max_seq_len`, `dtype`, ...), see `main_export`.
+                export options (`recipe`, `max_seq_len`, `dtype`, ...), see `main_export`, or options of
+                the runtime class (`runtime_options`, such as `engine` for causal LMs).
         """
+        runtime_kwargs = {name: kwargs.pop(name) for name in cls.runtime_options if name in kwargs}
         if export:
             from ..exporters import main_export  # the export side, only when asked for
 
@@ -164,7 +168,7 @@ class ExecuTorchModel(OptimizedModel):
                 trust_remote_code=trust_remote_code,
                 **kwargs,
             )
-            model = cls._from_dir(out, config=None)
+            model = cls._from_dir(out, config=None, **runtime_kwargs)
             model._temp_dir = temp_dir
             return model
         if kwargs:
@@ -175,10 +179,10 @@ class ExecuTorchModel(OptimizedModel):
         model_dir = _resolve_model_dir(
             model_id, subfolder, revision, cache_dir, token, local_files_only, force_download
         )
-        return cls._from_dir(model_dir, config=config)
+        return cls._from_dir(model_dir, config=config, **runtime_kwargs)
 
     @classmethod
-    def _from_dir(cls, model_dir: Path, config: Optional[PretrainedConfig] = None) -> "ExecuTorchModel":
+    def _from_dir(cls, model_dir: Path, config: Optional[PretrainedConfig] = None, **runtime_kwargs) -> "ExecuTorchModel":
         executorch_config = {}
         if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
             executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
@@ -192,7 +196,7 @@ class ExecuTorchModel(OptimizedModel):
             )
         if config is None:
             config = AutoConfig.from_pretrained(model_dir)
-        return cls(program, config, model_save_dir=model_dir, executorch_config=executorch_config)
+        return cls(program, config, model_save_dir=model_dir, executorch_config=executorch_config, **runtime_kwargs)
 
     # ------------------------------------------------------------------------------------------ saving
     def _save_pretrained(self, save_directory: Union[str, Path]) -> None:

@@ -6,14 +6,24 @@ has not seen yet and returns the logits of the last position; `generate` is tran
 """
 
 import contextlib
+import functools
 import logging
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .base import ExecuTorchModel, register_for_pipelines
+from .runner import (
+    RUNNER_REQUIRED_METHODS,
+    GenerationStats,
+    RunnerEngine,
+    TimingStreamer,
+    check_engine,
+    runner_tokenizer_path,
+    tokenizer_adds_bos,
+)
 from .threads import exclusive_cores
 
 logger = logging.getLogger(__name__)
@@ -37,6 +47,11 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     Limits, fixed at export: batch size 1, greedy or sampling (no beam search), and at most
     `max_seq_len` tokens of prompt plus generated text. `generate` stops cleanly, with a warning, when the
     context is full; a prompt that does not fit raises `ValueError`.
+
+    Two engines: `generate` (token ids in and out, transformers' `GenerationMixin`) always runs the program
+    from Python. `generate_text` (text in and out, with timing stats) runs the `engine` chosen at load:
+    `"python"` (default) or `"runner"`, ExecuTorch's C++ `TextLLMRunner`, the engine of its mobile apps:
+    `ExecuTorchModelForCausalLM.from_pretrained("out/", engine="runner").generate_text("Hello")`.
     """
 
     task = "text-generation"
@@ -45,9 +60,11 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     _is_stateful = True
     _supports_cache_class = False
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None):
+    runtime_options = ("engine",)
+
+    def __init__(self, program, config, model_save_dir, executorch_config=None, engine: str = "python"):
         super().__init__(program, config, model_save_dir, executorch_config)
-        self._forward_method = program.load_method("forward")
+        self.engine = check_engine(engine)
         self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
         self.vocab_size = int(self.read_constant("get_vocab_size", config.get_text_config().vocab_size))
         try:
@@ -55,6 +72,40 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         except OSError:
             self.generation_config = GenerationConfig.from_model_config(config)
         self._next_position = 0  # number of positions the program's cache holds for the current sequence
+
+    @functools.cached_property
+    def _forward_method(self):
+        # Loaded on first use: loading packs the weights for XNNPACK, memory the runner engine does not need.
+        return self.program.load_method("forward")
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The Hugging Face tokenizer exported with the program."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_save_dir)
+
+    @functools.cached_property
+    def _runner(self) -> RunnerEngine:
+        missing = [name for name in RUNNER_REQUIRED_METHODS if name not in self.program.method_names]
+        if missing:
+            raise ValueError(
+                f"'{self.model_save_dir}' lacks {', '.join(missing)}, which ExecuTorch's runner needs. Re-export it with "
+                "`optimum-cli export executorch`, or use engine='python'."
+            )
+        runner_tokenizer_path(self.model_save_dir)  # a clear error before the tokenizer is loaded
+        checked = self.executorch_config.get("runner_tokenizer") or {}
+        if checked and not checked.get("file"):
+            raise ValueError(
+                f"ExecuTorch's runner cannot read the tokenizer of '{self.model_save_dir}' "
+                f"({'; '.join(checked.get('errors', []))}). Use engine='python'."
+            )
+        return RunnerEngine(
+            self.model_save_dir,
+            num_bos=int(tokenizer_adds_bos(self.tokenizer)),
+            special_texts=self.tokenizer.all_special_tokens,
+            tokenizer_file=checked.get("file"),
+        )
 
     @classmethod
     def can_generate(cls) -> bool:
@@ -135,6 +186,13 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         return CausalLMOutputWithPast(logits=logits.reshape(1, 1, -1))
 
     # -------------------------------------------------------------------------------------- generation
+    def _check_prompt_fits(self, prompt_len: int) -> None:
+        if prompt_len >= self.max_seq_len:
+            raise ValueError(
+                f"The prompt has {prompt_len} tokens; this program holds at most {self.max_seq_len} "
+                "(prompt + new tokens). Shorten the prompt or re-export with a larger --max_seq_len."
+            )
+
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,
@@ -162,11 +220,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             raise ValueError("Pass the prompt as input_ids (a [1, seq] tensor of token ids).")
         self._check_input_ids(input_ids)
         prompt_len = input_ids.shape[1]
-        if prompt_len >= self.max_seq_len:
-            raise ValueError(
-                f"The prompt has {prompt_len} tokens; this program holds at most {self.max_seq_len} "
-                "(prompt + new tokens). Shorten the prompt or re-export with a larger --max_seq_len."
-            )
+        self._check_prompt_fits(prompt_len)
         if kwargs.get("max_new_tokens") is not None:
             wanted = kwargs["max_new_tokens"]
         elif kwargs.get("max_length") is not None:
@@ -187,3 +241,42 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             kwargs.pop("max_length", None)
         with exclusive_cores():  # once for the whole loop, see threads.py
             return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+    def generate_text(
+        self,
+        prompt: str,
+        max_new_tokens: int = 128,
+        chat: bool = False,
+        on_token: Optional[Callable[[str], None]] = None,
+        temperature: float = 0.0,
+    ) -> Tuple[str, GenerationStats]:
+        """Generates text after `prompt` with this model's `engine`, streaming it to `on_token`.
+
+        Args:
+            prompt: the prompt text, or the user message when `chat=True`.
+            max_new_tokens: the most tokens to generate (fewer at an eos token or when the context is full).
+            chat: wrap `prompt` in the tokenizer's chat template as one user turn, ready for the answer.
+            on_token: called with each new piece of text as soon as it is generated.
+            temperature: 0 for greedy decoding (the default), otherwise sampling at that temperature.
+
+        Returns:
+            The new text (without the prompt) and its `GenerationStats` (time to first token, prefill and
+            decode tokens/s).
+        """
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("prompt must be a non-empty string.")
+        runner = self._runner if self.engine == "runner" else None  # its files are checked first
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(f"The tokenizer in '{self.model_save_dir}' has no chat template: drop chat=True.")
+            messages = [{"role": "user", "content": prompt}]
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        streamer = TimingStreamer(self.tokenizer, on_token)
+        # A chat template writes its own special tokens.
+        input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=not chat).input_ids
+        self._check_prompt_fits(input_ids.shape[1])
+        if self.engine == "runner":
+            return runner.generate_text(prompt, max_new_tokens, on_token, temperature, add_bos=not chat)
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        self.generate(input_ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)
+        return streamer.text(), streamer.stats()

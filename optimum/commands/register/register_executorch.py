@@ -1,6 +1,7 @@
-"""Registers `optimum-cli export executorch` (kept light: no heavy imports here)."""
+"""Registers `optimum-cli export executorch` and `optimum-cli executorch run` (kept light: no heavy imports)."""
 
 from optimum.commands.export.base import ExportCommand
 from optimum_executorch.commands.export_executorch import ExecuTorchExportCommand
+from optimum_executorch.commands.run_executorch import ExecuTorchCommand
 
-REGISTER_COMMANDS = [(ExecuTorchExportCommand, ExportCommand)]
+REGISTER_COMMANDS = [(ExecuTorchExportCommand, ExportCommand), ExecuTorchCommand]

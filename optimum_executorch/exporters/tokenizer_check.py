@@ -1,0 +1,120 @@
+"""Checks, at export, that ExecuTorch's runner tokenizes like the Hugging Face tokenizer.
+
+The C++ runner reads the exported `tokenizer.json` (or `tokenizer.model`) with `pytorch_tokenizers`, its
+own implementation. Where it splits a string differently, the program gets other tokens on a device than in
+Python, and answers differently with no error anywhere. `check_runner_tokenizer` encodes a fixed set of
+strings with both, checks bos/eos against the program's metadata, records the result in
+`executorch_config.json` and warns, naming the first string that differs.
+"""
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..modeling.runner import tokenizer_adds_bos
+
+logger = logging.getLogger(__name__)
+
+# ASCII, accents, CJK, emoji, digits, whitespace runs, punctuation and code; the chat template's output is
+# added per tokenizer.
+PARITY_TEXTS = (
+    "Hello, world! The capital of France is Paris.",
+    "naïve café, déjà vu, Zürich, São Paulo, Ærøskøbing",
+    "日本語のテキストと中文文本，한국어 텍스트",
+    "emoji 🙂🚀👩‍👩‍👧 ok",
+    "digits 0 12 345 6789 3.14159 1,000,000 2026-12-03",
+    "  two  spaces,\ttabs\t\tand\nnew\n\n\nlines   ",
+    "def f(x):\n    return x ** 2  # code",
+    "MiXeD CaSe ALLCAPS don't we'll it's",
+)
+
+
+def _load_runner_tokenizer(directory: Path) -> Tuple[Any, Optional[str], List[str]]:
+    """The tokenizer the runner can load from `directory`, the file it reads, and why others failed.
+
+    `tokenizer.json` first (read from the directory, so that bos/eos come from tokenizer_config.json), then
+    a SentencePiece `tokenizer.model`: the runner's tokenizer.json reader has no Metaspace pre-tokenizer,
+    so it cannot read the tokenizer.json of SentencePiece models.
+    """
+    from pytorch_tokenizers import CppHFTokenizer, CppSPTokenizer
+
+    errors = []
+    for file_name, cls, path in (
+        ("tokenizer.json", CppHFTokenizer, directory),
+        ("tokenizer.model", CppSPTokenizer, directory / "tokenizer.model"),
+    ):
+        if not (directory / file_name).is_file():
+            continue
+        tokenizer = cls()
+        try:
+            tokenizer.load(str(path))
+        except Exception as err:
+            errors.append(f"{file_name}: {err}")
+            continue
+        return tokenizer, file_name, errors
+    return None, None, errors or ["no tokenizer.json or tokenizer.model was written"]
+
+
+def _texts(hf_tokenizer) -> List[str]:
+    texts = list(PARITY_TEXTS)
+    if getattr(hf_tokenizer, "chat_template", None):
+        try:
+            messages = [{"role": "user", "content": "Hi there!"}, {"role": "assistant", "content": "Hello. 🙂"}]
+            texts.append(hf_tokenizer.apply_chat_template(messages, tokenize=False))
+        except Exception as err:  # a template that needs other roles or variables: check the rest
+            logger.info("Chat template not rendered for the tokenizer check (%s).", err)
+    return texts
+
+
+def check_runner_tokenizer(hf_tokenizer, directory: Path, metadata: Dict[str, Any]) -> Dict[str, Any]:
+    """Compares the runner's tokenizer in `directory` with `hf_tokenizer`; returns the record for
+    `executorch_config.json`: `matches` (every string encodes the same), `mismatched_texts`, `first_mismatch`,
+    `special_tokens_agree` (bos/eos of tokenizer, runner and program metadata)."""
+    runner_tokenizer, file_name, errors = _load_runner_tokenizer(directory)
+    if runner_tokenizer is None:
+        logger.warning(
+            "ExecuTorch's runner cannot load this tokenizer (%s): the program runs from Python, but not in the "
+            "C++ runner on a device.",
+            "; ".join(errors),
+        )
+        return {"file": None, "matches": False, "errors": errors}
+
+    record: Dict[str, Any] = {"file": file_name, "texts": 0, "matches": True, "mismatched_texts": [], "first_mismatch": None}
+    for text in _texts(hf_tokenizer):
+        expected = hf_tokenizer(text, add_special_tokens=False).input_ids
+        actual = list(runner_tokenizer.encode(text, 0, 0))
+        record["texts"] += 1
+        if actual == expected:
+            continue
+        record["matches"] = False
+        record["mismatched_texts"].append(text)
+        if record["first_mismatch"] is None:
+            record["first_mismatch"] = {"text": text, "hf": expected, "runner": actual}
+            logger.warning(
+                "ExecuTorch's runner (%s) tokenizes differently from the Hugging Face tokenizer: %r -> %s (runner) vs "
+                "%s (Hugging Face). On a device this model would see other tokens than in Python for such text.",
+                file_name,
+                text,
+                actual,
+                expected,
+            )
+    record.update(_check_special_tokens(hf_tokenizer, runner_tokenizer, metadata))
+    return record
+
+
+def _check_special_tokens(hf_tokenizer, runner_tokenizer, metadata) -> Dict[str, Any]:
+    problems = []
+    adds_bos = tokenizer_adds_bos(hf_tokenizer)
+    if adds_bos and runner_tokenizer.bos_tok() != hf_tokenizer.bos_token_id:
+        problems.append(f"bos: the runner's is {runner_tokenizer.bos_tok()}, the tokenizer's {hf_tokenizer.bos_token_id}")
+    if adds_bos and metadata.get("get_bos_id") not in (None, hf_tokenizer.bos_token_id):
+        problems.append(f"bos: the program's get_bos_id is {metadata['get_bos_id']}, the tokenizer's {hf_tokenizer.bos_token_id}")
+    eos_ids = metadata.get("get_eos_ids") or []
+    if hf_tokenizer.eos_token_id is not None and eos_ids and hf_tokenizer.eos_token_id not in eos_ids:
+        problems.append(
+            f"eos: the tokenizer's eos {hf_tokenizer.eos_token_id} is not among the program's get_eos_ids {eos_ids}"
+        )
+    for problem in problems:
+        logger.warning("Special tokens disagree, %s; generation may not start or stop as in Python.", problem)
+    return {"adds_bos": adds_bos, "special_tokens_agree": not problems, "special_token_problems": problems}
+
