@@ -38,3 +38,19 @@ def test_static_cache_path_when_custom_sdpa_is_off(tiny_llama_dir, tmp_path):
     assert config["custom_sdpa"] is False and config["kernel_libraries"] == []
     model = ExecuTorchModelForCausalLM.from_pretrained(out)
     assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=20)
+
+
+def test_custom_sdpa_with_index_copy_cache(tiny_llama_dir, tmp_path):
+    """--no_custom_kv_cache: custom SDPA reads a cache written by index_copy_ instead of update_cache."""
+    out = main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_kv_cache=False)
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["custom_sdpa"] is True and config["custom_kv_cache"] is False
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=20)
+    assert_generation_matches_eager(tiny_llama_dir, model, PROMPT, max_new_tokens=20)
+
+
+def test_custom_kv_cache_needs_custom_sdpa(tiny_llama_dir, tmp_path):
+    with pytest.raises(ValueError, match="custom_kv_cache needs custom SDPA"):
+        main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_sdpa=False, custom_kv_cache=True)
+    assert not (tmp_path / "et").exists()

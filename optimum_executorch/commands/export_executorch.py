@@ -68,6 +68,14 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Use plain SDPA over a static cache instead of ExecuTorch's custom_sdpa/update_cache ops "
         "(which are the default for xnnpack where the model supports them).",
     )
+    optional.add_argument(
+        "--no_custom_kv_cache",
+        dest="custom_kv_cache",
+        action="store_false",
+        default=None,
+        help="With custom SDPA, update the KV cache with index_copy_ (a whole-cache copy a call) instead of "
+        "ExecuTorch's in-place update_cache op. For comparisons; slower.",
+    )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
     _reject_unknown_options(parser)

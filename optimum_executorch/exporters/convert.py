@@ -101,6 +101,15 @@ def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> bo
     return options.custom_sdpa
 
 
+def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> bool:
+    if options.custom_kv_cache and not custom_sdpa:
+        raise ValueError(
+            "custom_kv_cache needs custom SDPA (the cache layout of ExecuTorch's update_cache op is the one its "
+            "custom_sdpa reads). Drop custom_kv_cache, or export with custom SDPA."
+        )
+    return custom_sdpa and options.custom_kv_cache is not False
+
+
 def main_export(
     model: str,
     output_dir: Union[str, os.PathLike],
@@ -146,9 +155,11 @@ def main_export(
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
     custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
-    wrapper = task_spec.load_wrapper_class()(
-        eager, max_seq_len=max_seq_len, custom_sdpa=custom_sdpa, **export_config.wrapper_kwargs()
-    )
+    custom_kv_cache = _resolve_custom_kv_cache(options, custom_sdpa)
+    wrapper_kwargs = dict(export_config.wrapper_kwargs(), custom_sdpa=custom_sdpa)
+    if custom_sdpa:
+        wrapper_kwargs["custom_kv_cache"] = custom_kv_cache
+    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **wrapper_kwargs)
     programs = export_programs(wrapper)
     constant_methods = wrapper.metadata(getattr(eager, "generation_config", None))
     executorch_program = recipe.lower(programs, constant_methods)
@@ -162,6 +173,7 @@ def main_export(
         "methods": list(wrapper.method_names),
         "inputs": list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
         "custom_sdpa": custom_sdpa,
+        "custom_kv_cache": custom_kv_cache,
         # Python modules that register kernels the program needs; the runtime imports them before loading.
         "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries(),
         "quantization": dict(quantization.to_dict(), layers=quantized_layers) if quantization.enabled else None,

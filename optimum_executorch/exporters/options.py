@@ -38,6 +38,8 @@ class ExportOptions:
         qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
             KV cache. `None` (default): on where the recipe and the model support it.
+        custom_kv_cache: with custom SDPA, update the KV cache in place with ExecuTorch's `update_cache`
+            op. `None` (default): whenever custom SDPA is on; `False`: `index_copy_` instead (for comparison).
     """
 
     model: str
@@ -53,6 +55,7 @@ class ExportOptions:
     token: Optional[str] = None
     overwrite: bool = False
     custom_sdpa: Optional[bool] = None
+    custom_kv_cache: Optional[bool] = None
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qembedding: Optional[str] = None

@@ -4,7 +4,9 @@
 key/value cache buffers and switches the model to the `executorch_custom_sdpa` attention
 implementation, registered in transformers' `AttentionInterface` (model code is not forked):
 
-- `llama::update_cache(new, cache, start_pos)` writes the new keys/values in place;
+- `llama::update_cache(new, cache, start_pos)` writes the new keys/values in place (with
+  `custom_kv_cache=False`, an `index_copy_` does, which the exported program runs as a copy of the
+  whole cache: the baseline that the benchmark's ablation measures);
 - `llama::custom_sdpa(q, k_cache, v_cache, start_pos, ...)` attends causally over positions
   `[0, start_pos + seq)` only, instead of over the whole `max_seq_len` cache behind a mask.
 
@@ -42,8 +44,13 @@ def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     q = query.transpose(1, 2).to(compute)
     k = key.transpose(1, 2).to(module.et_key_cache.dtype)
     v = value.transpose(1, 2).to(module.et_value_cache.dtype)
-    torch.ops.llama.update_cache(k, module.et_key_cache, start_pos)
-    torch.ops.llama.update_cache(v, module.et_value_cache, start_pos)
+    if module.et_custom_kv_cache:
+        torch.ops.llama.update_cache(k, module.et_key_cache, start_pos)
+        torch.ops.llama.update_cache(v, module.et_value_cache, start_pos)
+    else:
+        positions = position_ids[0]
+        module.et_key_cache.index_copy_(1, positions, k)
+        module.et_value_cache.index_copy_(1, positions, v)
     output = torch.ops.llama.custom_sdpa(
         q, module.et_key_cache, module.et_value_cache, start_pos, None, 0.0, True, scaling
     )
@@ -65,9 +72,10 @@ def _attention_modules(model):
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "head_dim") and hasattr(m, "o_proj")]
 
 
-def install_custom_sdpa(model, max_seq_len: int) -> int:
+def install_custom_sdpa(model, max_seq_len: int, custom_kv_cache: bool = True) -> int:
     """Adds `[1, max_seq_len, kv_heads, head_dim]` cache buffers to each attention module and switches
-    the model to the custom attention. Returns the number of attention modules changed."""
+    the model to the custom attention. `custom_kv_cache=False` updates the cache with `index_copy_`
+    instead of `llama::update_cache`. Returns the number of attention modules changed."""
     _load_custom_ops()
     _register()
     text_config = model.config.get_text_config()
@@ -78,5 +86,6 @@ def install_custom_sdpa(model, max_seq_len: int) -> int:
         shape = (1, max_seq_len, num_kv_heads, module.head_dim)
         module.register_buffer("et_key_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
         module.register_buffer("et_value_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
+        module.et_custom_kv_cache = custom_kv_cache
     model.set_attn_implementation(CUSTOM_SDPA)
     return len(modules)

@@ -23,11 +23,13 @@ class CausalLMExportableModule(torch.nn.Module):
         custom_sdpa: attend through ExecuTorch's `custom_sdpa` / `update_cache` ops, with the cache in
             the attention modules (see `attention/custom_sdpa.py`); otherwise transformers' `StaticCache`
             and plain SDPA over the whole cache behind a mask.
+        custom_kv_cache: with `custom_sdpa`, write the cache in place with `llama::update_cache` (default);
+            `False` writes it with `index_copy_` (a whole-cache copy per call once exported).
     """
 
     method_names = ("forward",)
 
-    def __init__(self, model, max_seq_len: int, custom_sdpa: bool = False):
+    def __init__(self, model, max_seq_len: int, custom_sdpa: bool = False, custom_kv_cache: bool = True):
         super().__init__()
         self.model = model
         self.max_seq_len = max_seq_len
@@ -35,7 +37,7 @@ class CausalLMExportableModule(torch.nn.Module):
         if custom_sdpa:
             from ..attention import install_custom_sdpa
 
-            install_custom_sdpa(model, max_seq_len)
+            install_custom_sdpa(model, max_seq_len, custom_kv_cache=custom_kv_cache)
             return
         text_config = model.config.get_text_config()
         self.cache = StaticCache(config=text_config, max_cache_len=max_seq_len)
