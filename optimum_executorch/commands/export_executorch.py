@@ -76,6 +76,22 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="With custom SDPA, update the KV cache with index_copy_ (a whole-cache copy a call) instead of "
         "ExecuTorch's in-place update_cache op. For comparisons; slower.",
     )
+    weights = optional.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--external_weights",
+        dest="external_weights",
+        action="store_true",
+        default=None,
+        help="Write the weights to model.ptd beside model.pte, each distinct tensor once (default: only when the "
+        "embedding and the LM head share one weight, which model.pte alone would store twice).",
+    )
+    weights.add_argument(
+        "--no_external_weights",
+        dest="external_weights",
+        action="store_false",
+        default=None,
+        help="Keep every weight inside model.pte, even a tied embedding / LM head (stored twice then).",
+    )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
     _reject_unknown_options(parser)

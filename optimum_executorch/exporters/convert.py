@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
+from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .configs import get_export_config
 from .loading import load_config, load_model, load_tokenizer, sentencepiece_model_file
@@ -110,6 +110,12 @@ def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> bool:
     return custom_sdpa and options.custom_kv_cache is not False
 
 
+def _shares_tied_weights(model) -> bool:
+    """Whether the input embedding and the LM head still share one weight (tied and not quantized apart)."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    return inputs is not None and outputs is not None and inputs.weight is outputs.weight
+
+
 def main_export(
     model: str,
     output_dir: Union[str, os.PathLike],
@@ -162,7 +168,12 @@ def main_export(
     wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **wrapper_kwargs)
     programs = export_programs(wrapper)
     constant_methods = wrapper.metadata(getattr(eager, "generation_config", None))
-    executorch_program = recipe.lower(programs, constant_methods)
+    external_weights = options.external_weights
+    if external_weights is None:
+        external_weights = _shares_tied_weights(eager)
+        if external_weights:
+            logger.info("Embedding and LM head share one weight: weights go to %s, where it is stored once.", WEIGHTS_FILE_NAME)
+    executorch_program = recipe.lower(programs, constant_methods, external_weights=external_weights)
 
     executorch_config = {
         "task": task_spec.name,
@@ -174,6 +185,8 @@ def main_export(
         "inputs": list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
         "custom_sdpa": custom_sdpa,
         "custom_kv_cache": custom_kv_cache,
+        # Weights beside the program; loaders must pass this file with model.pte (TextLLMRunner: data_path).
+        "weights_file": WEIGHTS_FILE_NAME if external_weights else None,
         # Python modules that register kernels the program needs; the runtime imports them before loading.
         "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries(),
         "quantization": dict(quantization.to_dict(), layers=quantized_layers) if quantization.enabled else None,
@@ -185,6 +198,10 @@ def main_export(
     def write_files(directory: Path) -> None:
         with open(directory / PTE_FILE_NAME, "wb") as f:
             executorch_program.write_to_file(f)
+        if external_weights:
+            executorch_program.write_tensor_data_to_file(str(directory))
+            if not (directory / WEIGHTS_FILE_NAME).is_file():
+                raise RuntimeError(f"ExecuTorch wrote no {WEIGHTS_FILE_NAME} for an export with external weights.")
         eager.config.save_pretrained(directory)
         if getattr(eager, "generation_config", None) is not None and eager.can_generate():
             eager.generation_config.save_pretrained(directory)
@@ -199,6 +216,7 @@ def main_export(
             json.dump(executorch_config, f, indent=2, sort_keys=True)
 
     _write_output(output_dir, options.overwrite, write_files)
-    size_mb = (output_dir / PTE_FILE_NAME).stat().st_size / 1e6
-    logger.info("Wrote %s (%.1f MB) in %.1f s in total.", output_dir / PTE_FILE_NAME, size_mb, time.perf_counter() - start)
+    files = [PTE_FILE_NAME] + ([WEIGHTS_FILE_NAME] if external_weights else [])
+    sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in files)
+    logger.info("Wrote %s (%s) in %.1f s in total.", output_dir, sizes, time.perf_counter() - start)
     return output_dir

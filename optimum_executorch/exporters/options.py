@@ -40,6 +40,9 @@ class ExportOptions:
             KV cache. `None` (default): on where the recipe and the model support it.
         custom_kv_cache: with custom SDPA, update the KV cache in place with ExecuTorch's `update_cache`
             op. `None` (default): whenever custom SDPA is on; `False`: `index_copy_` instead (for comparison).
+        external_weights: write the weights to `model.ptd` beside `model.pte` (ExecuTorch's program-data
+            separation), each distinct tensor once. `None` (default): when it saves space, i.e. when the
+            embedding and the LM head share one unquantized weight; `True` / `False`: always / never.
     """
 
     model: str
@@ -56,6 +59,7 @@ class ExportOptions:
     overwrite: bool = False
     custom_sdpa: Optional[bool] = None
     custom_kv_cache: Optional[bool] = None
+    external_weights: Optional[bool] = None
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qembedding: Optional[str] = None

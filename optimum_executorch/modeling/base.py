@@ -105,17 +105,23 @@ class ExecuTorchModel(OptimizedModel):
             importlib.import_module(name)
 
     @staticmethod
-    def load_program(pte_path: Path):
-        """Loads a `.pte` with `executorch.runtime`, turning loader failures into errors that name the fix."""
+    def load_program(pte_path: Path, weights_path: Optional[Path] = None):
+        """Loads a `.pte` (and the weights file it was exported with, if any) with `executorch.runtime`,
+        turning loader failures into errors that name the fix."""
         if not pte_path.is_file():
             raise FileNotFoundError(
                 f"No ExecuTorch program at '{pte_path}'. Export one with `optimum-cli export executorch "
                 "--model <id> --output_dir <dir>` and load that directory."
             )
+        if weights_path is not None and not weights_path.is_file():
+            raise FileNotFoundError(
+                f"'{pte_path.parent}' holds no {weights_path.name}, the weights {pte_path.name} was exported with. "
+                "Copy it beside the program, or export again."
+            )
         from executorch.runtime import Runtime, Verification
 
         try:
-            return Runtime.get().load_program(pte_path, verification=Verification.Minimal)
+            return Runtime.get().load_program(pte_path, verification=Verification.Minimal, data_path=weights_path)
         except RuntimeError as err:
             raise ValueError(
                 f"'{pte_path}' is not a valid ExecuTorch program (corrupt or truncated: {err}). Export it again."
@@ -187,7 +193,8 @@ class ExecuTorchModel(OptimizedModel):
         if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
             executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
         cls.load_kernel_libraries(executorch_config.get("kernel_libraries", []))
-        program = cls.load_program(model_dir / PTE_FILE_NAME)
+        weights_file = executorch_config.get("weights_file")
+        program = cls.load_program(model_dir / PTE_FILE_NAME, model_dir / weights_file if weights_file else None)
         task = executorch_config.get("task")
         if cls.task and task and task != cls.task:
             raise ValueError(

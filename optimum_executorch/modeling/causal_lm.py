@@ -105,6 +105,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             num_bos=int(tokenizer_adds_bos(self.tokenizer)),
             special_texts=self.tokenizer.all_special_tokens,
             tokenizer_file=checked.get("file"),
+            weights_file=self.executorch_config.get("weights_file"),
         )
 
     @classmethod

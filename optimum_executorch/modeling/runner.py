@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
+from ..constants import PTE_FILE_NAME
 from .threads import exclusive_cores
 
 ENGINES = ("python", "runner")
@@ -88,10 +89,18 @@ class RunnerEngine:
         num_bos: BOS tokens the runner puts before the prompt (1 when the Hugging Face tokenizer adds one).
         special_texts: the text of the tokenizer's special tokens. The runner streams them (the eos it stops
             at included); they are dropped here, as the Python engine drops special tokens.
+        tokenizer_file: the tokenizer file the export found the runner reads (`runner_tokenizer.file` in
+            executorch_config.json); by default the first of `RUNNER_TOKENIZER_FILES` present.
+        weights_file: the weights file beside the program (`weights_file` in executorch_config.json), if any.
     """
 
     def __init__(
-        self, model_dir: Path, num_bos: int = 0, special_texts: Sequence[str] = (), tokenizer_file: Optional[str] = None
+        self,
+        model_dir: Path,
+        num_bos: int = 0,
+        special_texts: Sequence[str] = (),
+        tokenizer_file: Optional[str] = None,
+        weights_file: Optional[str] = None,
     ):
         for name in _RUNNER_KERNEL_LIBRARIES:
             importlib.import_module(name)
@@ -103,7 +112,8 @@ class RunnerEngine:
         # For tokenizer.json the directory, not the file: the tokenizer library then reads bos/eos from
         # tokenizer_config.json.
         tokenizer_path = model_dir if tokenizer_file == "tokenizer.json" else model_dir / tokenizer_file
-        self._runner = TextLLMRunner(str(model_dir / "model.pte"), str(tokenizer_path))
+        data_path = str(model_dir / weights_file) if weights_file else None
+        self._runner = TextLLMRunner(str(model_dir / PTE_FILE_NAME), str(tokenizer_path), data_path)
         self._loaded = False
 
     def generate_text(

@@ -4,6 +4,8 @@ import logging
 import time
 from typing import Any, Dict, List
 
+from ...constants import WEIGHTS_TAG
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,13 +23,26 @@ class Recipe:
     def partitioners(self) -> List[Any]:
         return []
 
-    def lower(self, programs: Dict[str, "torch.export.ExportedProgram"], constant_methods: Dict[str, Any]):
-        """Returns an `ExecutorchProgramManager` holding every method and the constant methods."""
+    def lower(
+        self,
+        programs: Dict[str, "torch.export.ExportedProgram"],
+        constant_methods: Dict[str, Any],
+        external_weights: bool = False,
+    ):
+        """Returns an `ExecutorchProgramManager` holding every method and the constant methods.
+
+        With `external_weights`, every weight (the program's own and the delegates') goes to one data file
+        (`write_tensor_data_to_file`), where identical tensors are stored once: a tied embedding / LM head
+        is then stored once instead of once in the program and once in the XNNPACK delegate.
+        """
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
         from executorch.exir.passes import MemoryPlanningPass
 
         start = time.perf_counter()
         logger.info("Lowering %s with the '%s' recipe...", ", ".join(programs), self.name)
+        if external_weights:
+            for program in programs.values():
+                _tag_weights_for_delegates(program)
         edge = to_edge_transform_and_lower(
             programs,
             partitioner=self.partitioners(),
@@ -40,7 +55,20 @@ class Recipe:
                 # Folds torchao's dequantize + embedding into ExecuTorch's quantized embedding kernels.
                 do_quant_fusion_and_const_prop=True,
                 memory_planning_pass=MemoryPlanningPass(alloc_graph_input=True, alloc_graph_output=True),
+                external_constants=(lambda node: WEIGHTS_TAG) if external_weights else False,
             )
         )
         logger.info("Lowered in %.1f s.", time.perf_counter() - start)
         return program
+
+
+def _tag_weights_for_delegates(program) -> None:
+    """Marks the constant inputs of `program` (parameters, constants, buffers it never writes) so that the
+    delegates serialize them into the external data file too (the KV cache stays in the program)."""
+    signature = program.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    constant_inputs = set(signature.inputs_to_parameters) | set(signature.inputs_to_lifted_tensor_constants)
+    constant_inputs |= {name for name, fqn in signature.inputs_to_buffers.items() if fqn not in mutated}
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in constant_inputs:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
