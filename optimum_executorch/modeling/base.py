@@ -123,8 +123,9 @@ class ExecuTorchModel(OptimizedModel):
         try:
             return Runtime.get().load_program(pte_path, verification=Verification.Minimal, data_path=weights_path)
         except RuntimeError as err:
+            weights = f" or its weights file {weights_path.name}" if weights_path is not None else ""
             raise ValueError(
-                f"'{pte_path}' is not a valid ExecuTorch program (corrupt or truncated: {err}). Export it again."
+                f"'{pte_path}'{weights} is not valid (corrupt, truncated or from another export: {err}). Export it again."
             ) from err
 
     def read_constant(self, name: str, default: Any = None) -> Any:
@@ -194,6 +195,8 @@ class ExecuTorchModel(OptimizedModel):
             executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
         cls.load_kernel_libraries(executorch_config.get("kernel_libraries", []))
         weights_file = executorch_config.get("weights_file")
+        if weights_file is not None and Path(weights_file).name != weights_file:
+            raise ValueError(f"weights_file {weights_file!r} in {EXECUTORCH_CONFIG_NAME} must be a file name in '{model_dir}'.")
         program = cls.load_program(model_dir / PTE_FILE_NAME, model_dir / weights_file if weights_file else None)
         task = executorch_config.get("task")
         if cls.task and task and task != cls.task:

@@ -72,10 +72,13 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         except OSError:
             self.generation_config = GenerationConfig.from_model_config(config)
         self._next_position = 0  # number of positions the program's cache holds for the current sequence
+        if self.engine == "python":
+            self._forward_method  # load (and pack the weights) now, not inside the first timed call  # noqa: B018
 
     @functools.cached_property
     def _forward_method(self):
-        # Loaded on first use: loading packs the weights for XNNPACK, memory the runner engine does not need.
+        # With engine="runner", loaded only if forward is called: loading packs the weights for XNNPACK, memory
+        # the runner (which loads the program itself) does not need.
         return self.program.load_method("forward")
 
     @functools.cached_property
@@ -100,10 +103,17 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
                 f"ExecuTorch's runner cannot read the tokenizer of '{self.model_save_dir}' "
                 f"({'; '.join(checked.get('errors', []))}). Use engine='python'."
             )
+        if checked and not checked.get("matches", True):
+            logger.warning(
+                "ExecuTorch's runner tokenizes some text differently from the Hugging Face tokenizer (checked at "
+                "export, e.g. %r): its answers can differ from engine='python' on such text.",
+                (checked.get("first_mismatch") or {}).get("text"),
+            )
         return RunnerEngine(
             self.model_save_dir,
             num_bos=int(tokenizer_adds_bos(self.tokenizer)),
-            special_texts=self.tokenizer.all_special_tokens,
+            special_texts=set(self.tokenizer.all_special_tokens)
+            | {token.content for token in self.tokenizer.added_tokens_decoder.values() if token.special},
             tokenizer_file=checked.get("file"),
             weights_file=self.executorch_config.get("weights_file"),
         )
@@ -266,6 +276,10 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         """
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("prompt must be a non-empty string.")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 for greedy decoding), got {temperature!r}.")
         runner = self._runner if self.engine == "runner" else None  # its files are checked first
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):

@@ -227,7 +227,11 @@ class TimingStreamer:
                 self._emitted = text
 
     def end(self) -> None:
-        pass
+        """Hands on what is left (a last character that took several tokens)."""
+        text = self.text()
+        if self.on_token is not None and len(text) > len(self._emitted) and text.startswith(self._emitted):
+            self.on_token(text[len(self._emitted) :])
+            self._emitted = text
 
     def stats(self) -> GenerationStats:
         end = time.perf_counter()
