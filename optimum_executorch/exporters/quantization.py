@@ -21,6 +21,10 @@ from ..utils import suggest
 logger = logging.getLogger(__name__)
 
 LINEAR_SCHEMES = {"8da4w": 4, "8da8w": 8}
+# Weight-only linears: XNNPACK's partitioner takes a quantized linear only with int8 dynamic activations, so
+# these would run outside the delegate, dequantizing every weight at every call. The 8da schemes store the
+# same weights.
+WEIGHT_ONLY_LINEAR_SCHEMES = {"4w": "8da4w", "8w": "8da8w"}
 # "4w" embeddings are held back: exported together with 8da4w linears, some rows of ExecuTorch's 4-bit
 # embedding kernel disagree with torchao's reference (2e-2 of the largest logit from the first such token on
 # a tiny llama; exact when the embedding is the only quantized layer). Offer it again with a test that passes.
@@ -55,6 +59,12 @@ class QuantizationSpec:
     embedding_group_size: int = 0
 
     def __post_init__(self):
+        if self.linear in WEIGHT_ONLY_LINEAR_SCHEMES:
+            raise ValueError(
+                f"qlinear '{self.linear}' (weight-only) is not offered: XNNPACK runs quantized linears only with int8 "
+                f"dynamic activations, and outside it every weight would be dequantized at every call. Use "
+                f"--qlinear {WEIGHT_ONLY_LINEAR_SCHEMES[self.linear]}, which stores the same {self.linear[0]}-bit weights."
+            )
         if self.linear is not None and self.linear not in LINEAR_SCHEMES:
             raise ValueError(
                 f"qlinear '{self.linear}' is not supported.{suggest(self.linear, LINEAR_SCHEMES)} "

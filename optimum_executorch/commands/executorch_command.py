@@ -1,4 +1,5 @@
-"""`optimum-cli executorch run`: generate text from an export directory, streamed to the terminal.
+"""`optimum-cli executorch run` (generate text from an export directory, streamed to the terminal) and
+`optimum-cli executorch inspect` (describe an export).
 
 Argument parsing and printing only; the work is `ExecuTorchModelForCausalLM.generate_text`. Heavy imports
 stay inside `run` (this module is imported on every `optimum-cli` start).
@@ -113,6 +114,34 @@ class ExecuTorchRunCommand(BaseOptimumCLICommand):
         print(stats, file=sys.stderr)
 
 
+class ExecuTorchInspectCommand(BaseOptimumCLICommand):
+    COMMAND = CommandInfo(
+        name="inspect", help="Describe an export: files, settings, methods with shapes, metadata, delegation."
+    )
+
+    @staticmethod
+    def parse_args(parser: ArgumentParser) -> None:
+        parser.add_argument("-m", "--model", required=True, help="An export directory or a .pte file.")
+        parser.add_argument("--json", action="store_true", help="Print the description as JSON.")
+        _reject_unknown_options(parser)
+
+    def run(self) -> None:
+        import json
+
+        from ..modeling.program_info import describe_export, format_description
+
+        try:
+            with _native_output_captured(True):
+                description = describe_export(self.args.model)
+        except (ValueError, TypeError, OSError, RuntimeError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        print(json.dumps(description, indent=2) if self.args.json else format_description(description))
+
+
 class ExecuTorchCommand(BaseOptimumCLICommand):
-    COMMAND = CommandInfo(name="executorch", help="Run programs exported with `optimum-cli export executorch`.")
-    SUBCOMMANDS = (CommandInfo(name="run", help=ExecuTorchRunCommand.COMMAND.help, subcommand_class=ExecuTorchRunCommand),)
+    COMMAND = CommandInfo(name="executorch", help="Run or inspect programs exported with `optimum-cli export executorch`.")
+    SUBCOMMANDS = (
+        CommandInfo(name="run", help=ExecuTorchRunCommand.COMMAND.help, subcommand_class=ExecuTorchRunCommand),
+        CommandInfo(name="inspect", help=ExecuTorchInspectCommand.COMMAND.help, subcommand_class=ExecuTorchInspectCommand),
+    )
