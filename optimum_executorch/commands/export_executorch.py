@@ -92,6 +92,12 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         default=None,
         help="Keep every weight inside model.pte, even a tied embedding / LM head (stored twice then).",
     )
+    optional.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="Print the export plan (task, defaults and where each came from, methods and input shapes) without "
+        "loading weights or writing anything.",
+    )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
     _reject_unknown_options(parser)
@@ -117,8 +123,8 @@ class ExecuTorchExportCommand(BaseOptimumCLICommand):
 
         options = {k: v for k, v in vars(self.args).items() if k not in ("func", "quiet")}
         try:
-            output_dir = main_export(**options)
+            result = main_export(**options)
         except (ValueError, TypeError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        print(f"Exported to {output_dir}")
+        print(result.format() if self.args.dry_run else f"Exported to {result}")

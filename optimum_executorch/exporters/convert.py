@@ -18,11 +18,9 @@ import torch
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
-from .configs import get_export_config
-from .loading import load_config, load_model, load_tokenizer, sentencepiece_model_file
+from .loading import load_model, load_tokenizer, sentencepiece_model_file
 from .options import ExportOptions
-from .recipes import get_recipe
-from .tasks import get_task
+from .plan import ExportPlan, make_plan
 from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -88,41 +86,12 @@ def _write_output(output_dir: Path, overwrite: bool, write_files) -> None:
         raise
 
 
-def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> bool:
-    supported = export_config.supports_custom_sdpa(max_seq_len)
-    if options.custom_sdpa is None:
-        return recipe.custom_sdpa_default and supported
-    if options.custom_sdpa and not supported:
-        raise ValueError(
-            f"custom_sdpa is not supported for this {export_config.hf_config.model_type} {export_config.task} export: "
-            "it needs causal attention over the whole context (no encoder, no sliding-window layer shorter than "
-            "max_seq_len). Drop --custom_sdpa, or lower --max_seq_len to the window."
-        )
-    return options.custom_sdpa
-
-
-def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> bool:
-    if options.custom_kv_cache is not None and not custom_sdpa:
-        raise ValueError(
-            "custom_kv_cache applies to custom SDPA only (the cache layout of ExecuTorch's update_cache op is the "
-            "one its custom_sdpa reads), and this export uses plain SDPA over a static cache. Drop "
-            "--no_custom_kv_cache / custom_kv_cache, or export with custom SDPA."
-        )
-    return custom_sdpa and options.custom_kv_cache is not False
-
-
-def _shares_tied_weights(model) -> bool:
-    """Whether the input embedding and the LM head still share one weight (tied and not quantized apart)."""
-    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
-    return inputs is not None and outputs is not None and inputs.weight is outputs.weight
-
-
 def main_export(
     model: str,
     output_dir: Union[str, os.PathLike],
     task: Optional[str] = None,
     **kwargs: Any,
-) -> Path:
+) -> Union[Path, "ExportPlan"]:
     """Exports a Hugging Face model to an ExecuTorch program directory.
 
     Args:
@@ -134,7 +103,7 @@ def main_export(
             `revision`, `trust_remote_code`, `overwrite`, ...). Unknown names raise `TypeError`.
 
     Returns:
-        The output directory.
+        The output directory; with `dry_run=True`, the `ExportPlan` (nothing loaded, nothing written).
 
     Example:
         ```python
@@ -149,31 +118,23 @@ def main_export(
     _check_output_dir(output_dir, options.overwrite)
     start = time.perf_counter()
 
-    hf_config = load_config(options)
-    export_config = get_export_config(hf_config, options.task)
-    task_spec = get_task(export_config.task)
-    recipe = get_recipe(options.recipe)
-    max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
+    plan = make_plan(options)
+    if options.dry_run:
+        return plan
+    hf_config, export_config, task_spec, recipe = plan.hf_config, plan.export_config, plan.task_spec, plan.recipe
+    max_seq_len, quantization, custom_sdpa = plan.max_seq_len, plan.quantization, plan.custom_sdpa
+    custom_kv_cache, external_weights = plan.custom_kv_cache, plan.external_weights
 
     logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
     eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
     tokenizer = load_tokenizer(options)
-    quantization = options.quantization_spec()
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
-    custom_sdpa = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
-    custom_kv_cache = _resolve_custom_kv_cache(options, custom_sdpa)
-    wrapper_kwargs = dict(export_config.wrapper_kwargs(), custom_sdpa=custom_sdpa)
-    if custom_sdpa:
-        wrapper_kwargs["custom_kv_cache"] = custom_kv_cache
-    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **wrapper_kwargs)
+    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
     programs = export_programs(wrapper)
     constant_methods = wrapper.metadata(getattr(eager, "generation_config", None))
-    external_weights = options.external_weights
-    if external_weights is None:
-        external_weights = _shares_tied_weights(eager)
-        if external_weights:
-            logger.info("Embedding and LM head share one weight: weights go to %s, where it is stored once.", WEIGHTS_FILE_NAME)
+    if external_weights:
+        logger.info("Weights go to %s (%s).", WEIGHTS_FILE_NAME, plan.sources["external_weights"])
     executorch_program = recipe.lower(programs, constant_methods, external_weights=external_weights)
 
     executorch_config = {

@@ -43,6 +43,7 @@ class ExportOptions:
         external_weights: write the weights to `model.ptd` beside `model.pte` (ExecuTorch's program-data
             separation), each distinct tensor once. `None` (default): when it saves space, i.e. when the
             embedding and the LM head share one unquantized weight; `True` / `False`: always / never.
+        dry_run: resolve and return the export plan (`ExportPlan`) without loading weights or writing files.
     """
 
     model: str
@@ -60,6 +61,7 @@ class ExportOptions:
     custom_sdpa: Optional[bool] = None
     custom_kv_cache: Optional[bool] = None
     external_weights: Optional[bool] = None
+    dry_run: bool = False
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qembedding: Optional[str] = None
@@ -80,6 +82,9 @@ class ExportOptions:
                 "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
             )
         options = cls(**kwargs)
+        defaults = cls(model=options.model)
+        # The options given with a value other than the default: a plan says these came from the user.
+        options.explicit = frozenset(k for k, v in kwargs.items() if getattr(defaults, k) != v)
         options.validate()
         return options
 

@@ -22,6 +22,7 @@ class TaskSpec:
         output_name: the field of the transformers model output that the program returns.
         llm_runner: the program follows the contract of ExecuTorch's C++ LLM runner (`TextLLMRunner`); the
             export then checks that the runner tokenizes like the Hugging Face tokenizer.
+        lm_head: the task's model ends in a vocabulary projection, which configs may tie to the embedding.
     """
 
     name: str
@@ -30,6 +31,7 @@ class TaskSpec:
     runtime_class: str
     output_name: str = "logits"
     llm_runner: bool = False
+    lm_head: bool = False
 
     def load_auto_class(self):
         import transformers
@@ -59,6 +61,7 @@ register_task(
         wrapper=".wrappers.causal_lm:CausalLMExportableModule",
         runtime_class="ExecuTorchModelForCausalLM",
         llm_runner=True,
+        lm_head=True,
     )
 )
 
@@ -69,4 +72,4 @@ for _name, _auto, _runtime, _output in (
     ("text-classification", "AutoModelForSequenceClassification", "ExecuTorchModelForSequenceClassification", "logits"),
     ("token-classification", "AutoModelForTokenClassification", "ExecuTorchModelForTokenClassification", "logits"),
 ):
-    register_task(TaskSpec(_name, _auto, _ENCODER_WRAPPER, _runtime, _output))
+    register_task(TaskSpec(_name, _auto, _ENCODER_WRAPPER, _runtime, _output, lm_head=_name == "fill-mask"))

@@ -84,6 +84,17 @@ class CausalLMExportableModule(torch.nn.Module):
         cache_position = torch.arange(seq_len, dtype=torch.long)
         return {"forward": (input_ids, cache_position)}
 
+    @classmethod
+    def input_plan(cls, max_seq_len: int, **kwargs) -> Dict[str, Any]:
+        """The inputs of each method, for a dry run: name, dtype, shape (dynamic dimensions as ranges)."""
+        seq = f"seq_len 1..{max_seq_len - 1}"
+        return {
+            "forward": [
+                {"name": "input_ids", "dtype": "int64", "shape": [1, seq]},
+                {"name": "cache_position", "dtype": "int64", "shape": [seq]},
+            ]
+        }
+
     def dynamic_shapes(self) -> Dict[str, Any]:
         """Dynamic dimensions of each method: the sequence length, from 1 to max_seq_len - 1."""
         seq = torch.export.Dim("seq_len", min=1, max=self.max_seq_len - 1)

@@ -66,6 +66,14 @@ class EncoderExportableModule(torch.nn.Module):
         }
         return {"forward": tuple(tensors[name] for name in self.input_names)}
 
+    @classmethod
+    def input_plan(
+        cls, max_seq_len: int, input_names: Sequence[str] = ("input_ids", "attention_mask"), max_batch_size: int = 64, **kwargs
+    ) -> Dict[str, Any]:
+        """The inputs of `forward`, for a dry run: name, dtype, shape (dynamic dimensions as ranges)."""
+        shape = [f"batch 1..{max_batch_size}", f"seq_len 1..{max_seq_len}"]
+        return {"forward": [{"name": name, "dtype": "int64", "shape": shape} for name in input_names]}
+
     def dynamic_shapes(self) -> Dict[str, Any]:
         batch = torch.export.Dim("batch", min=1, max=self.max_batch_size)
         seq = torch.export.Dim("seq_len", min=1, max=self.max_seq_len)

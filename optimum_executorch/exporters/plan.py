@@ -1,0 +1,150 @@
+"""`ExportPlan`: every decision of an export, made from the options and the model config alone.
+
+`make_plan(options)` resolves the task, the family's export config, the recipe, `max_seq_len`, the
+quantization, the attention path and where the weights go, and records where each value came from (the
+user, the family's config, the recipe, a global default). `main_export` follows the plan;
+`main_export(..., dry_run=True)` (CLI `--dry_run`) returns and prints it without loading any weights.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from .configs import get_export_config
+from .loading import load_config
+from .recipes import get_recipe
+from .tasks import get_task
+
+USER = "user"
+
+
+@dataclass
+class ExportPlan:
+    """The resolved export. `sources[name]` says where the value of `name` came from."""
+
+    options: Any
+    hf_config: Any
+    export_config: Any
+    task_spec: Any
+    recipe: Any
+    max_seq_len: int
+    quantization: Any
+    custom_sdpa: bool
+    custom_kv_cache: bool
+    external_weights: bool
+    sources: Dict[str, str] = field(default_factory=dict)
+
+    def wrapper_kwargs(self) -> Dict[str, Any]:
+        kwargs = dict(self.export_config.wrapper_kwargs(), custom_sdpa=self.custom_sdpa)
+        if self.custom_sdpa:
+            kwargs["custom_kv_cache"] = self.custom_kv_cache
+        return kwargs
+
+    def methods(self) -> Dict[str, List[Dict[str, Any]]]:
+        """The program's methods and their inputs (dtype, shape with its dynamic dimensions)."""
+        wrapper = self.task_spec.load_wrapper_class()
+        return wrapper.input_plan(self.max_seq_len, **self.export_config.wrapper_kwargs())
+
+    def to_dict(self) -> Dict[str, Any]:
+        values = {
+            "model": self.options.model,
+            "model_type": self.hf_config.model_type,
+            "task": self.task_spec.name,
+            "recipe": self.recipe.name,
+            "dtype": self.options.dtype,
+            "max_seq_len": self.max_seq_len,
+            "quantization": {k: v for k, v in self.quantization.to_dict().items() if v is not None}
+            if self.quantization.enabled
+            else None,
+            "custom_sdpa": self.custom_sdpa,
+            "custom_kv_cache": self.custom_kv_cache,
+            "external_weights": self.external_weights,
+        }
+        return {
+            "settings": {k: {"value": v, "source": self.sources.get(k, "default")} for k, v in values.items()},
+            "methods": self.methods(),
+            "output_dir": self.options.output_dir,
+        }
+
+    def format(self) -> str:
+        plan = self.to_dict()
+        lines = [f"Export plan (dry run: nothing loaded, nothing written) for {plan['output_dir']}:"]
+        for name, entry in plan["settings"].items():
+            lines.append(f"  {name:<17} {str(entry['value']):<40} ({entry['source']})")
+        for method, inputs in plan["methods"].items():
+            for spec in inputs:
+                dims = ", ".join(str(d) for d in spec["shape"])
+                lines.append(f"  method {method}: {spec['name']} {spec['dtype']}[{dims}]")
+        return "\n".join(lines)
+
+
+def _explicit(options, name: str) -> bool:
+    return name in getattr(options, "explicit", ())
+
+
+def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> Tuple[bool, str]:
+    supported = export_config.supports_custom_sdpa(max_seq_len)
+    if options.custom_sdpa is None:
+        if not recipe.custom_sdpa_default:
+            return False, f"recipe '{recipe.name}' default"
+        reason = f"recipe '{recipe.name}' default" if supported else "model: not every layer attends over the whole context"
+        return supported, reason
+    if options.custom_sdpa and not supported:
+        raise ValueError(
+            f"custom_sdpa is not supported for this {export_config.hf_config.model_type} {export_config.task} export: "
+            "it needs causal attention over the whole context (no encoder, no sliding-window layer shorter than "
+            "max_seq_len). Drop --custom_sdpa, or lower --max_seq_len to the window."
+        )
+    return options.custom_sdpa, USER
+
+
+def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> Tuple[bool, str]:
+    if options.custom_kv_cache is not None and not custom_sdpa:
+        raise ValueError(
+            "custom_kv_cache applies to custom SDPA only (the cache layout of ExecuTorch's update_cache op is the "
+            "one its custom_sdpa reads), and this export uses plain SDPA over a static cache. Drop "
+            "--no_custom_kv_cache / custom_kv_cache, or export with custom SDPA."
+        )
+    if options.custom_kv_cache is not None:
+        return options.custom_kv_cache, USER
+    return custom_sdpa, "follows custom_sdpa"
+
+
+def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tuple[bool, str]:
+    if options.external_weights is not None:
+        return options.external_weights, USER
+    tied = task_spec.lm_head and bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
+    if tied and not quantization.enabled:
+        return True, "default: the embedding and LM head share one weight, stored once in model.ptd"
+    return False, "default: no shared weight to store once"
+
+
+def make_plan(options) -> ExportPlan:
+    """Resolves every decision of the export from `options` and the model config (no weights loaded)."""
+    hf_config = load_config(options)
+    export_config = get_export_config(hf_config, options.task)
+    task_spec = get_task(export_config.task)
+    recipe = get_recipe(options.recipe)
+    max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
+    quantization = options.quantization_spec()
+    custom_sdpa, sdpa_source = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
+    custom_kv_cache, cache_source = _resolve_custom_kv_cache(options, custom_sdpa)
+    external_weights, weights_source = _resolve_external_weights(options, hf_config, task_spec, quantization)
+    limit = export_config.max_positions()
+    sources = {
+        "model": USER,
+        "model_type": "model config",
+        "task": USER if options.task else f"inferred from the {hf_config.model_type} config",
+        "recipe": USER if _explicit(options, "recipe") else "default",
+        "dtype": USER if _explicit(options, "dtype") else "default",
+        "max_seq_len": USER
+        if options.max_seq_len is not None
+        else f"default: min({export_config.default_max_seq_len}, max_position_embeddings={limit})",
+        "quantization": USER if quantization.enabled else "default: none",
+        "custom_sdpa": sdpa_source,
+        "custom_kv_cache": cache_source,
+        "external_weights": weights_source,
+    }
+    return ExportPlan(
+        options, hf_config, export_config, task_spec, recipe, max_seq_len, quantization,
+        custom_sdpa, custom_kv_cache, external_weights, sources,
+    )  # fmt: skip
