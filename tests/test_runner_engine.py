@@ -183,3 +183,24 @@ def test_tokenizer_check_flags_a_mismatched_tokenizer(tmp_path, caplog):
     empty.mkdir()
     record = check_runner_tokenizer(tiny_tokenizer(), empty, {})
     assert record["file"] is None and "no tokenizer.json" in record["errors"][0]
+
+
+def test_tokenizer_model_rebuilt_when_the_checkpoint_has_only_tokenizer_json(tmp_path):
+    """A SentencePiece model whose checkpoint ships only tokenizer.json (which the runner cannot read): the
+    export rebuilds tokenizer.model from it, and it tokenizes like the original SentencePiece model."""
+    import sentencepiece
+
+    original = tmp_path / "original"
+    save_tiny_sentencepiece_tokenizer(original)
+    src = save_tiny_model("llama", tmp_path / "src", with_tokenizer=False)
+    AutoTokenizer.from_pretrained(original).save_pretrained(src)  # tokenizer.json + tokenizer_config.json only
+    assert not (tmp_path / "src" / "tokenizer.model").exists()
+    export_dir = main_export(src, tmp_path / "et", max_seq_len=32)
+
+    record = json.loads((export_dir / "executorch_config.json").read_text())["runner_tokenizer"]
+    assert record["file"] == "tokenizer.model"
+    assert record["mismatched_texts"] == [t for t in PARITY_TEXTS if t[0].isspace()]  # the known difference only
+    rebuilt = sentencepiece.SentencePieceProcessor(model_file=str(export_dir / "tokenizer.model"))
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(original / "tokenizer.model"))
+    for text in PARITY_TEXTS:
+        assert rebuilt.encode(text) == reference.encode(text), text

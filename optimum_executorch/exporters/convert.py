@@ -21,6 +21,7 @@ from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .loading import load_model, load_tokenizer, sentencepiece_model_file
 from .options import ExportOptions
 from .plan import ExportPlan, make_plan
+from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,10 @@ def main_export(
                 sentencepiece_model = sentencepiece_model_file(options)
                 if sentencepiece_model and not (directory / "tokenizer.model").exists():
                     shutil.copy(sentencepiece_model, directory / "tokenizer.model")
+                if not (directory / "tokenizer.model").exists() and write_sentencepiece_model(
+                    tokenizer, directory / "tokenizer.model"
+                ):
+                    logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
                 executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
         with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
             json.dump(executorch_config, f, indent=2, sort_keys=True)
