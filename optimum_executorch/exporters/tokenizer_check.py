@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..modeling.runner import tokenizer_adds_bos
+from ..modeling.runner import RUNNER_TOKENIZER_FILES, runner_tokenizer_load_path, tokenizer_adds_bos
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +39,12 @@ def _load_runner_tokenizers(directory: Path) -> Tuple[List[Tuple[str, Any]], Lis
     from pytorch_tokenizers import CppHFTokenizer, CppSPTokenizer
 
     loaded, errors = [], []
-    for file_name, cls, path in (
-        ("tokenizer.json", CppHFTokenizer, directory),
-        ("tokenizer.model", CppSPTokenizer, directory / "tokenizer.model"),
-    ):
+    for file_name, cls in zip(RUNNER_TOKENIZER_FILES, (CppHFTokenizer, CppSPTokenizer)):
         if not (directory / file_name).is_file():
             continue
         tokenizer = cls()
         try:
-            tokenizer.load(str(path))
+            tokenizer.load(str(runner_tokenizer_load_path(directory, file_name)))
         except Exception as err:
             errors.append(f"{file_name}: {err}")
             continue

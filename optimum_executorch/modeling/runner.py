@@ -70,6 +70,12 @@ def tokenizer_adds_bos(tokenizer) -> bool:
     return bos is not None and tokenizer("a").input_ids[:1] == [bos]
 
 
+def runner_tokenizer_load_path(model_dir: Path, file_name: str) -> Path:
+    """The path to hand the runner's tokenizer library for `file_name`: the directory for tokenizer.json (the
+    library then reads bos/eos from tokenizer_config.json), the file itself otherwise."""
+    return model_dir if file_name == RUNNER_TOKENIZER_FILES[0] else model_dir / file_name
+
+
 def runner_tokenizer_path(model_dir: Path) -> Path:
     """The tokenizer file of an export directory that the runner reads."""
     for name in RUNNER_TOKENIZER_FILES:
@@ -109,9 +115,7 @@ class RunnerEngine:
         self.num_bos = num_bos
         self.special_texts = set(special_texts)
         tokenizer_file = tokenizer_file or runner_tokenizer_path(model_dir).name
-        # For tokenizer.json the directory, not the file: the tokenizer library then reads bos/eos from
-        # tokenizer_config.json.
-        tokenizer_path = model_dir if tokenizer_file == "tokenizer.json" else model_dir / tokenizer_file
+        tokenizer_path = runner_tokenizer_load_path(model_dir, tokenizer_file)
         data_path = str(model_dir / weights_file) if weights_file else None
         self._runner = TextLLMRunner(str(model_dir / PTE_FILE_NAME), str(tokenizer_path), data_path)
         self._loaded = False
