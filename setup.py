@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "gguf>=0.17",
     "safetensors",
     "psutil",
+    "pillow>=10",  # images for the image-classification processors and pipeline
 ]
 
 EXTRAS_REQUIRE = {

@@ -12,6 +12,7 @@ _LAZY = {
     "ExecuTorchModel": ".modeling",
     "ExecuTorchModelForCausalLM": ".modeling",
     "ExecuTorchModelForFeatureExtraction": ".modeling",
+    "ExecuTorchModelForImageClassification": ".modeling",
     "ExecuTorchModelForMaskedLM": ".modeling",
     "ExecuTorchModelForSequenceClassification": ".modeling",
     "ExecuTorchModelForTokenClassification": ".modeling",

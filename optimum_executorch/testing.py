@@ -53,6 +53,12 @@ TINY_ENCODER_CONFIG: Dict[str, Any] = {
 }
 
 
+# Image classifiers; each family's config adds its own stage sizes (configs/vision.py).
+TINY_VISION_CONFIG: Dict[str, Any] = {"image_size": 32, "num_labels": 3}
+
+_TINY_BASES = {"decoder": TINY_DECODER_CONFIG, "encoder": TINY_ENCODER_CONFIG, "vision": TINY_VISION_CONFIG}
+
+
 def tiny_config(model_type: str, **overrides: Any):
     """A 2-layer, hidden-64 config of `model_type` (any transformers model type)."""
     from transformers import AutoConfig
@@ -61,7 +67,7 @@ def tiny_config(model_type: str, **overrides: Any):
     from .exporters.configs.base import ExportConfig
 
     family = EXPORT_CONFIGS.get(model_type, ExportConfig)
-    base = TINY_ENCODER_CONFIG if family.tiny_config_base == "encoder" else TINY_DECODER_CONFIG
+    base = _TINY_BASES[family.tiny_config_base]
     kwargs = {family.tiny_config_renames.get(k, k): v for k, v in base.items()}
     kwargs.update(family.tiny_config_extra)
     kwargs.update(overrides)
@@ -201,6 +207,46 @@ def save_tiny_encoder(model_type: str, directory: Union[str, Path], task: str = 
     model = getattr(transformers, auto).from_config(config)
     model.save_pretrained(directory)
     tiny_wordpiece_tokenizer(config.vocab_size).save_pretrained(directory)
+    return str(directory)
+
+
+def spread_vision_weights(model) -> None:
+    """Re-initializes a random vision model so that its output depends on its input: the default initializers
+    (std 0.02, unit BatchNorm statistics) shrink activations layer after layer until a tiny convolutional model
+    answers the same for every image. Convolutions and linears get std 1.5/sqrt(fan_in); normalizations get
+    random affine parameters and running statistics, so that folding them into convolutions is exercised."""
+    import math
+
+    norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, norms):
+                if getattr(module, "weight", None) is not None:
+                    module.weight.normal_(1.0, 0.1)
+                    module.bias.normal_(0.0, 0.1)
+                if getattr(module, "running_mean", None) is not None:
+                    module.running_mean.normal_(0.0, 0.1)
+                    module.running_var.uniform_(0.5, 1.5)
+            elif isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)):
+                module.weight.normal_(0.0, 1.5 / math.sqrt(module.weight[0].numel()))
+                if module.bias is not None:
+                    module.bias.normal_(0.0, 0.1)
+
+
+def save_tiny_image_classifier(model_type: str, directory: Union[str, Path], seed: int = 0, **overrides: Any) -> str:
+    """Builds a random tiny image classifier of `model_type`, saves it and an image processor that resizes and
+    normalizes to its input size."""
+    from transformers import AutoModelForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    directory = Path(directory)
+    config = tiny_config(model_type, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForImageClassification.from_config(config)
+    spread_vision_weights(model)
+    model.save_pretrained(directory)
+    size = getattr(config, "image_size", None) or 224
+    ViTImageProcessorPil(size={"height": size, "width": size}).save_pretrained(directory)
     return str(directory)
 
 

@@ -17,7 +17,7 @@ def no_weights(monkeypatch):
         raise AssertionError("a dry run loaded the model")
 
     monkeypatch.setattr(convert, "load_model", refuse)
-    monkeypatch.setattr(convert, "load_tokenizer", refuse)
+    monkeypatch.setattr(convert, "load_preprocessor", refuse)
 
 
 def _settings(plan):

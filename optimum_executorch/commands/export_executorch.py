@@ -32,7 +32,12 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
     required.add_argument("-o", "--output_dir", required=True, help="Directory to write the export to.")
 
     optional = parser.add_argument_group("Optional arguments")
-    optional.add_argument("--task", default=None, help="Task to export for (default: inferred; 'text-generation').")
+    optional.add_argument(
+        "--task",
+        default=None,
+        help="Task to export for (default: inferred from the checkpoint): text-generation, "
+        "feature-extraction, fill-mask, text-classification, token-classification, image-classification.",
+    )
     optional.add_argument("--recipe", default="xnnpack", help="Backend recipe: xnnpack (default) or portable.")
     optional.add_argument(
         "--max_seq_len",

@@ -18,7 +18,7 @@ import torch
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
-from .loading import load_model, load_tokenizer, sentencepiece_model_file
+from .loading import load_model, load_preprocessor, sentencepiece_model_file
 from .options import ExportOptions
 from .plan import ExportPlan, make_plan
 from .sentencepiece_model import write_sentencepiece_model
@@ -128,7 +128,8 @@ def main_export(
 
     logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
     eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
-    tokenizer = load_tokenizer(options)
+    preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
+    tokenizer = preprocessors.get("tokenizer")
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
     wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
@@ -146,6 +147,8 @@ def main_export(
         "max_seq_len": max_seq_len,
         "methods": list(wrapper.method_names),
         "inputs": list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
+        # Each method's inputs: dtype and shape, dynamic dimensions as "name lo..hi", static ones as numbers.
+        "method_inputs": plan.methods(),
         "custom_sdpa": custom_sdpa,
         "custom_kv_cache": custom_kv_cache,
         # Weights beside the program; loaders must pass this file with model.pte (TextLLMRunner: data_path).
@@ -168,17 +171,18 @@ def main_export(
         eager.config.save_pretrained(directory)
         if getattr(eager, "generation_config", None) is not None and eager.can_generate():
             eager.generation_config.save_pretrained(directory)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
-            if task_spec.llm_runner:
-                sentencepiece_model = sentencepiece_model_file(options)
-                if sentencepiece_model and not (directory / "tokenizer.model").exists():
-                    shutil.copy(sentencepiece_model, directory / "tokenizer.model")
-                if not (directory / "tokenizer.model").exists() and write_sentencepiece_model(
-                    tokenizer, directory / "tokenizer.model"
-                ):
-                    logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
-                executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
+        for preprocessor in preprocessors.values():
+            if preprocessor is not None:
+                preprocessor.save_pretrained(directory)
+        if tokenizer is not None and task_spec.llm_runner:
+            sentencepiece_model = sentencepiece_model_file(options)
+            if sentencepiece_model and not (directory / "tokenizer.model").exists():
+                shutil.copy(sentencepiece_model, directory / "tokenizer.model")
+            if not (directory / "tokenizer.model").exists() and write_sentencepiece_model(
+                tokenizer, directory / "tokenizer.model"
+            ):
+                logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
+            executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
         with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
             json.dump(executorch_config, f, indent=2, sort_keys=True)
 

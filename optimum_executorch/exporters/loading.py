@@ -63,16 +63,29 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
     return model
 
 
-def load_tokenizer(options) -> Optional[Any]:
-    """The tokenizer of the checkpoint, or `None` (with a warning) when it has none."""
-    from transformers import AutoTokenizer
+# The transformers Auto class that loads each kind of preprocessor a task may need.
+_PREPROCESSOR_AUTO_CLASSES = {"tokenizer": "AutoTokenizer", "image_processor": "AutoImageProcessor"}
 
+
+def load_preprocessor(options, kind: str = "tokenizer") -> Optional[Any]:
+    """The checkpoint's preprocessor of `kind` (`tokenizer`, `image_processor`), or `None` (with a warning)."""
+    import transformers
+
+    auto_class = getattr(transformers, _PREPROCESSOR_AUTO_CLASSES[kind])
     source, kwargs = _source(options)
     try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
-    except (OSError, ValueError, TypeError) as err:
-        logger.warning("No tokenizer saved with the export: could not load one from '%s' (%s).", options.model, err)
+        return auto_class.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        logger.warning(
+            "No %s saved with the export: could not load one from '%s' (%s). Save one beside the exported model "
+            "before running a pipeline on it.", kind.replace("_", " "), options.model, err,
+        )
         return None
+
+
+def load_tokenizer(options) -> Optional[Any]:
+    """The tokenizer of the checkpoint, or `None` (with a warning) when it has none."""
+    return load_preprocessor(options, "tokenizer")
 
 
 def sentencepiece_model_file(options) -> Optional[str]:

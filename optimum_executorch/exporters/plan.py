@@ -7,7 +7,7 @@ user, the family's config, the recipe, a global default). `main_export` follows 
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .configs import get_export_config
 from .loading import load_config
@@ -26,7 +26,7 @@ class ExportPlan:
     export_config: Any
     task_spec: Any
     recipe: Any
-    max_seq_len: int
+    max_seq_len: Optional[int]
     quantization: Any
     custom_sdpa: bool
     custom_kv_cache: bool
@@ -42,7 +42,7 @@ class ExportPlan:
     def methods(self) -> Dict[str, List[Dict[str, Any]]]:
         """The program's methods and their inputs (dtype, shape with its dynamic dimensions)."""
         wrapper = self.task_spec.load_wrapper_class()
-        return wrapper.input_plan(self.max_seq_len, **self.export_config.wrapper_kwargs())
+        return wrapper.input_plan(self.max_seq_len, dtype=self.options.dtype, **self.export_config.wrapper_kwargs())
 
     def to_dict(self) -> Dict[str, Any]:
         values = {
@@ -138,6 +138,8 @@ def make_plan(options) -> ExportPlan:
         "dtype": USER if _explicit(options, "dtype") else "default",
         "max_seq_len": USER
         if options.max_seq_len is not None
+        else "not used: the inputs are not sequences"
+        if max_seq_len is None
         else f"default: min({export_config.default_max_seq_len}, max_position_embeddings={limit})",
         "quantization": USER if quantization.enabled else "default: none",
         "custom_sdpa": sdpa_source,

@@ -5,7 +5,7 @@ A task plugs in with `register_task(TaskSpec(...))`. Nothing else in the pipelin
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 from .registry import lookup, register
 
@@ -23,6 +23,8 @@ class TaskSpec:
         llm_runner: the program follows the contract of ExecuTorch's C++ LLM runner (`TextLLMRunner`); the
             export then checks that the runner tokenizes like the Hugging Face tokenizer.
         lm_head: the task's model ends in a vocabulary projection, which configs may tie to the embedding.
+        preprocessors: what turns the user's input into the program's input, saved with the export so that
+            `pipeline(task, model=out)` works from the output directory alone: `tokenizer`, `image_processor`.
     """
 
     name: str
@@ -32,6 +34,7 @@ class TaskSpec:
     output_name: str = "logits"
     llm_runner: bool = False
     lm_head: bool = False
+    preprocessors: Tuple[str, ...] = ("tokenizer",)
 
     def load_auto_class(self):
         import transformers
@@ -73,3 +76,13 @@ for _name, _auto, _runtime, _output in (
     ("token-classification", "AutoModelForTokenClassification", "ExecuTorchModelForTokenClassification", "logits"),
 ):
     register_task(TaskSpec(_name, _auto, _ENCODER_WRAPPER, _runtime, _output, lm_head=_name == "fill-mask"))
+
+register_task(
+    TaskSpec(
+        name="image-classification",
+        auto_model_class="AutoModelForImageClassification",
+        wrapper=".wrappers.vision:ImageClassifierExportableModule",
+        runtime_class="ExecuTorchModelForImageClassification",
+        preprocessors=("image_processor",),
+    )
+)

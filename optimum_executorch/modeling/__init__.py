@@ -8,11 +8,13 @@ from .encoder import (
     ExecuTorchModelForSequenceClassification,
     ExecuTorchModelForTokenClassification,
 )
+from .vision import ExecuTorchModelForImageClassification
 
 __all__ = [
     "ExecuTorchModel",
     "ExecuTorchModelForCausalLM",
     "ExecuTorchModelForFeatureExtraction",
+    "ExecuTorchModelForImageClassification",
     "ExecuTorchModelForMaskedLM",
     "ExecuTorchModelForSequenceClassification",
     "ExecuTorchModelForTokenClassification",
