@@ -14,6 +14,7 @@ _LAZY = {
     "ExecuTorchModelForFeatureExtraction": ".modeling",
     "ExecuTorchModelForImageClassification": ".modeling",
     "ExecuTorchModelForMaskedLM": ".modeling",
+    "ExecuTorchModelForSeq2SeqLM": ".modeling",
     "ExecuTorchModelForSequenceClassification": ".modeling",
     "ExecuTorchModelForTokenClassification": ".modeling",
     "main_export": ".exporters",

@@ -56,7 +56,21 @@ TINY_ENCODER_CONFIG: Dict[str, Any] = {
 # Image classifiers; each family's config adds its own stage sizes (configs/vision.py).
 TINY_VISION_CONFIG: Dict[str, Any] = {"image_size": 32, "num_labels": 3}
 
-_TINY_BASES = {"decoder": TINY_DECODER_CONFIG, "encoder": TINY_ENCODER_CONFIG, "vision": TINY_VISION_CONFIG}
+# Encoder-decoder LMs (T5, BART); each family's config adds its own layer and head counts (configs/seq2seq.py).
+TINY_SEQ2SEQ_CONFIG: Dict[str, Any] = {
+    "vocab_size": 512,
+    "d_model": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+_TINY_BASES = {
+    "decoder": TINY_DECODER_CONFIG,
+    "encoder": TINY_ENCODER_CONFIG,
+    "vision": TINY_VISION_CONFIG,
+    "seq2seq": TINY_SEQ2SEQ_CONFIG,
+}
 
 
 def tiny_config(model_type: str, **overrides: Any):
@@ -253,13 +267,15 @@ def save_tiny_image_classifier(model_type: str, directory: Union[str, Path], see
 def save_tiny_model(
     model_type: str, directory: Union[str, Path], seed: int = 0, with_tokenizer: bool = True, **overrides: Any
 ) -> str:
-    """Builds a random tiny causal LM of `model_type`, saves it (and a tokenizer) to `directory`."""
-    from transformers import AutoModelForCausalLM
+    """Builds a random tiny generative LM of `model_type` (a causal LM, or an encoder-decoder LM such as t5),
+    saves it (and a tokenizer) to `directory`."""
+    import transformers
 
     directory = Path(directory)
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    auto_class = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+    model = getattr(transformers, auto_class).from_config(config)
     # Random init leaves logits nearly flat; larger weights make greedy choices decisive, so that a
     # parity test compares real decisions and not ties.
     with torch.no_grad():
@@ -277,9 +293,12 @@ def save_tiny_model(
 
 def load_eager(model_dir: Union[str, Path], dtype: torch.dtype = torch.float32):
     """The eager transformers model of `model_dir`, as the exporter loads it (sdpa attention)."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    auto_class = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+    model = getattr(transformers, auto_class).from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
 
 
 def greedy_eager(eager, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

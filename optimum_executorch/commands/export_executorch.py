@@ -36,14 +36,16 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         "--task",
         default=None,
         help="Task to export for (default: inferred from the checkpoint): text-generation, "
-        "feature-extraction, fill-mask, text-classification, token-classification, image-classification.",
+        "feature-extraction, fill-mask, text-classification, token-classification, image-classification, "
+        "text2text-generation.",
     )
     optional.add_argument("--recipe", default="xnnpack", help="Backend recipe: xnnpack (default) or portable.")
     optional.add_argument(
         "--max_seq_len",
         type=int,
         default=None,
-        help="Context of the program, prompt + generated tokens (default: min(2048, max_position_embeddings)).",
+        help="Context of the program, prompt + generated tokens (default: min(2048, max_position_embeddings); "
+        "encoders and encoder-decoders: 512). Not for image models.",
     )
     optional.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16.")
     optional.add_argument("--gguf_file", default=None, help="A .gguf file in --model (or a path), dequantized on load.")

@@ -103,10 +103,10 @@ class QuantizationSpec:
 
         summary: Dict[str, int] = {}
 
-        def quantize_layers(kind, layer_type, in_dim, group_size, make_config):
+        def quantize_layers(kind, layer_type, in_dim, group_size, make_config, select=lambda module: True):
             groups = {}
             for name, module in model.named_modules():
-                if type(module) is not layer_type:
+                if type(module) is not layer_type or not select(module):
                     continue
                 size = module.weight.shape[in_dim]
                 use_group = group_size if group_size and size % group_size == 0 else 0
@@ -120,6 +120,9 @@ class QuantizationSpec:
                 summary[key] = len(names)
 
         if self.embedding:
+            # Token embedding tables only (the input embedding and its tied copies): small position or bias
+            # tables (T5's relative attention buckets) stay in float.
+            vocab_size = model.get_input_embeddings().num_embeddings
             for module in model.modules():
                 if isinstance(module, torch.nn.Embedding):
                     # Only matters for training; the fused quantized embedding kernels take no padding index.
@@ -131,6 +134,7 @@ class QuantizationSpec:
                 1,
                 self.embedding_group_size,
                 lambda g: IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=g),
+                select=lambda module: module.num_embeddings == vocab_size,
             )
         if self.linear:
             bits = LINEAR_SCHEMES[self.linear]

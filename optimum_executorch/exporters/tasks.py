@@ -86,3 +86,13 @@ register_task(
         preprocessors=("image_processor",),
     )
 )
+
+register_task(
+    TaskSpec(
+        name="text2text-generation",
+        auto_model_class="AutoModelForSeq2SeqLM",
+        wrapper=".wrappers.seq2seq:Seq2SeqExportableModule",
+        runtime_class="ExecuTorchModelForSeq2SeqLM",
+        lm_head=True,
+    )
+)

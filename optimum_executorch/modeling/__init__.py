@@ -8,6 +8,7 @@ from .encoder import (
     ExecuTorchModelForSequenceClassification,
     ExecuTorchModelForTokenClassification,
 )
+from .seq2seq import ExecuTorchModelForSeq2SeqLM
 from .vision import ExecuTorchModelForImageClassification
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "ExecuTorchModelForFeatureExtraction",
     "ExecuTorchModelForImageClassification",
     "ExecuTorchModelForMaskedLM",
+    "ExecuTorchModelForSeq2SeqLM",
     "ExecuTorchModelForSequenceClassification",
     "ExecuTorchModelForTokenClassification",
 ]

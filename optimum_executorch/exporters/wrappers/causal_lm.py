@@ -14,6 +14,21 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 
+def register_cache_buffers(module: torch.nn.Module, cache) -> None:
+    """Registers a static cache's tensors as buffers of `module`, which makes them mutable state of the program."""
+    for i, layer in enumerate(cache.layers):
+        module.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+        module.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+        module.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
+
+
+def restart_cache_at(cache, cache_position: torch.Tensor) -> None:
+    """The cache writes new entries after its current length: set it from the first position of this call, so
+    that a call at position 0 (a new prompt) restarts the sequence."""
+    for layer in cache.layers:
+        layer.cumulative_length.copy_(cache_position[0])
+
+
 class CausalLMExportableModule(torch.nn.Module):
     """Wraps a `*ForCausalLM` model and its KV cache of `max_seq_len` positions for `torch.export`.
 
@@ -52,11 +67,7 @@ class CausalLMExportableModule(torch.nn.Module):
         self.cache.early_initialization(
             batch_size=1, num_heads=num_kv_heads, head_dim=head_dim, dtype=model.dtype, device=model.device
         )
-        # Registering the cache tensors as buffers makes them mutable state of the exported program.
-        for i, layer in enumerate(self.cache.layers):
-            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
-            self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
+        register_cache_buffers(self, self.cache)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         if self.custom_sdpa:
@@ -65,10 +76,7 @@ class CausalLMExportableModule(torch.nn.Module):
                 input_ids=input_ids, position_ids=cache_position.unsqueeze(0), use_cache=False, logits_to_keep=1
             )
             return outputs.logits
-        # The cache writes new entries after its current length: set it from the first position of this call,
-        # so that a new prompt (cache_position starting at 0) restarts the sequence.
-        for layer in self.cache.layers:
-            layer.cumulative_length.copy_(cache_position[0])
+        restart_cache_at(self.cache, cache_position)
         outputs = self.model(
             input_ids=input_ids,
             past_key_values=self.cache,
