@@ -167,3 +167,29 @@ def test_quantized_encoder_agrees_with_fp32(tmp_path_factory):
     agreement = float((actual.argmax(-1) == expected.argmax(-1))[mask].float().mean())
     assert agreement >= 0.9, f"top-1 agreement {agreement:.2f} below 0.9"
     assert json.loads((et_model.model_save_dir / "executorch_config.json").read_text())["quantization"]["linear"] == "8da8w"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_decoder_lm_last_hidden_state(tmp_path, model_type):
+    """feature-extraction on a decoder-only LM: its last hidden state for a padded batch (either padding side)."""
+    from optimum_executorch.testing import save_tiny_model
+
+    src = save_tiny_model(model_type, tmp_path / "model")
+    out = main_export(src, tmp_path / "et", task="feature-extraction", max_seq_len=32)
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["custom_sdpa"] is False and config["inputs"] == ["input_ids", "attention_mask"]
+    et_model = runtime.ExecuTorchModelForFeatureExtraction.from_pretrained(out)
+    eager = transformers.AutoModel.from_pretrained(src, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    for side in ("right", "left"):
+        tokenizer.padding_side = side
+        batch = tokenizer(["The capital of France is Paris.", "A phone"], padding=True, return_tensors="pt")
+        assert 0 in batch["attention_mask"]
+        with torch.no_grad():
+            expected = eager(**batch).last_hidden_state
+        mask = batch["attention_mask"].bool()
+        assert_logits_close(et_model(**batch).last_hidden_state[mask], expected[mask], rtol=1e-4)
+    text = "Once upon a time"
+    actual = pipeline("feature-extraction", model=et_model, tokenizer=tokenizer)(text)
+    expected = pipeline("feature-extraction", model=eager, tokenizer=tokenizer)(text)
+    assert_logits_close(torch.tensor(actual), torch.tensor(expected), rtol=1e-4)

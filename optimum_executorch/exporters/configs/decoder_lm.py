@@ -10,4 +10,13 @@ from .base import ExportConfig
 class DecoderLMExportConfig(ExportConfig):
     """Llama-like decoders: rotary positions, full (or window-masked) attention, one cache per layer."""
 
-    tasks = ("text-generation",)
+    tasks = ("text-generation", "feature-extraction")
+
+    def supports_custom_sdpa(self, max_seq_len: int) -> bool:
+        # feature-extraction runs the whole batch at once, with no cache: plain SDPA behind the padding mask.
+        return self.task == "text-generation" and super().supports_custom_sdpa(max_seq_len)
+
+    def wrapper_kwargs(self):
+        if self.task == "feature-extraction":  # the encoder wrapper: forward(input_ids, attention_mask)
+            return {"input_names": ["input_ids", "attention_mask"], "output_name": "last_hidden_state"}
+        return super().wrapper_kwargs()
