@@ -321,6 +321,32 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, rtol: floa
     return error
 
 
+def _module_state(model) -> Dict[str, Any]:
+    """Each module's class, its own `forward` (if set on the instance) and its class's `forward`."""
+    return {
+        name: (type(module), module.__dict__.get("forward"), type(module).__dict__.get("forward"))
+        for name, module in model.named_modules()
+    }
+
+
+def assert_patch_parity(extension, model, *args, rtol: float = 1e-5, **kwargs) -> float:
+    """Asserts that `extension.patch_model(model)` (an export config or `ModelExtension` instance) keeps the model's
+    outputs: `model(*args, **kwargs)` before and inside the patch, in float32 whatever the config's dtype, within
+    `rtol` (see `assert_logits_close`), and that every module's class and `forward` is restored on exit.
+    Returns the relative error."""
+    model = model.float().eval()
+    before = _module_state(model)
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+        with extension.patch_model(model):
+            actual = model(*args, **kwargs)
+    after = _module_state(model)
+    changed = sorted(name for name in before if before[name] != after.get(name))
+    assert not changed, f"patch_model left modules patched after exit: {changed[:5]}"
+    first = lambda output: output if isinstance(output, torch.Tensor) else output[0]  # noqa: E731
+    return assert_logits_close(first(actual), first(expected), rtol)
+
+
 def assert_generation_matches_eager(
     reference: Union[str, Path, torch.nn.Module],
     et_model,

@@ -105,6 +105,13 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Print the export plan (task, defaults and where each came from, methods and input shapes) without "
         "loading weights or writing anything.",
     )
+    optional.add_argument(
+        "--extension_modules",
+        nargs="+",
+        default=None,
+        metavar="FILE.py",
+        help="Python files defining ModelExtension classes for architectures outside this package.",
+    )
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
     _reject_unknown_options(parser)

@@ -132,9 +132,10 @@ def main_export(
     tokenizer = preprocessors.get("tokenizer")
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
-    wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
-    programs = export_programs(wrapper)
-    constant_methods = wrapper.metadata(getattr(eager, "generation_config", None))
+    with export_config.patch_model(eager):
+        wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
+        programs = export_programs(wrapper)
+    constant_methods = dict(wrapper.metadata(getattr(eager, "generation_config", None)), **export_config.extra_metadata())
     if external_weights:
         logger.info("Weights go to %s (%s).", WEIGHTS_FILE_NAME, plan.sources["external_weights"])
     executorch_program = recipe.lower(programs, constant_methods, external_weights=external_weights)
@@ -151,6 +152,8 @@ def main_export(
         "method_inputs": plan.methods(),
         "custom_sdpa": custom_sdpa,
         "custom_kv_cache": custom_kv_cache,
+        "export_config": type(export_config).__name__,
+        "cache_layout": getattr(export_config, "cache_layout", None),
         # Weights beside the program; loaders must pass this file with model.pte (TextLLMRunner: data_path).
         "weights_file": WEIGHTS_FILE_NAME if external_weights else None,
         # Python modules that register kernels the program needs; the runtime imports them before loading.

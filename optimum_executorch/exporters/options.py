@@ -6,7 +6,7 @@ here. Unknown or misspelled options are rejected with a "did you mean" hint inst
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .registry import suggest
 
@@ -44,6 +44,8 @@ class ExportOptions:
             separation), each distinct tensor once. `None` (default): when it saves space, i.e. when the
             embedding and the LM head share one unquantized weight; `True` / `False`: always / never.
         dry_run: resolve and return the export plan (`ExportPlan`) without loading weights or writing files.
+        extension_modules: paths of Python files defining `ModelExtension` classes (out-of-tree architectures),
+            imported before the model config is read.
     """
 
     model: str
@@ -62,6 +64,7 @@ class ExportOptions:
     custom_kv_cache: Optional[bool] = None
     external_weights: Optional[bool] = None
     dry_run: bool = False
+    extension_modules: Optional[List[str]] = None
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qembedding: Optional[str] = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .configs import get_export_config
+from .extensions import find_extension, load_extension_modules
 from .loading import load_config
 from .recipes import get_recipe
 from .tasks import get_task
@@ -118,10 +119,35 @@ def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tu
     return False, "default: no shared weight to store once"
 
 
+# The plan setting an `ExportOptions` field feeds, where the names differ.
+_SETTING_OF_OPTION = {"qlinear": "quantization", "qlinear_group_size": "quantization", "qembedding": "quantization",
+                      "qembedding_group_size": "quantization"}  # fmt: skip
+
+
+def _apply_extension_defaults(options, export_config) -> Dict[str, str]:
+    """Sets the defaults the model's extension asks for, except where the user set the option. Returns the sources."""
+    defaults = export_config.export_defaults(options.recipe, export_config.task)
+    unknown = [name for name in defaults if name not in options.field_names()]
+    if unknown:
+        raise ValueError(f"{type(export_config).__name__}.export_defaults() names unknown export options {unknown}.")
+    sources = {}
+    for name, value in defaults.items():
+        if _explicit(options, name):
+            continue
+        setattr(options, name, value)
+        sources[_SETTING_OF_OPTION.get(name, name)] = f"{type(export_config).__name__} default"
+    if sources:
+        options.validate()
+    return sources
+
+
 def make_plan(options) -> ExportPlan:
     """Resolves every decision of the export from `options` and the model config (no weights loaded)."""
+    load_extension_modules(options.extension_modules)
     hf_config = load_config(options)
+    find_extension(hf_config.model_type)
     export_config = get_export_config(hf_config, options.task)
+    extension_sources = _apply_extension_defaults(options, export_config)
     task_spec = get_task(export_config.task)
     recipe = get_recipe(options.recipe)
     max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
@@ -145,6 +171,7 @@ def make_plan(options) -> ExportPlan:
         "custom_sdpa": sdpa_source,
         "custom_kv_cache": cache_source,
         "external_weights": weights_source,
+        **extension_sources,
     }
     return ExportPlan(
         options, hf_config, export_config, task_spec, recipe, max_seq_len, quantization,

@@ -57,6 +57,21 @@ def _resolve_model_dir(
     return Path(path) / subfolder
 
 
+def _load_config(model_dir: Path) -> PretrainedConfig:
+    """The exported `config.json`. An architecture transformers does not know (exported through an out-of-tree
+    extension) is read as a plain `PretrainedConfig`: the program, not the modeling code, runs it."""
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (ValueError, KeyError):
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        model_type = PretrainedConfig.get_config_dict(model_dir)[0].get("model_type")
+        if model_type is None or model_type in CONFIG_MAPPING:
+            raise
+        logger.info("config.json of '%s' is of a model type transformers does not know; read as a plain config.", model_dir)
+        return PretrainedConfig.from_pretrained(model_dir)
+
+
 def register_for_pipelines(cls):
     """Class decorator: lists a runtime class in its transformers Auto class (`cls.auto_model_class`).
 
@@ -205,7 +220,7 @@ class ExecuTorchModel(OptimizedModel):
                 f"({cls.task}). Load it with the runtime class of that task."
             )
         if config is None:
-            config = AutoConfig.from_pretrained(model_dir)
+            config = _load_config(model_dir)
         return cls(program, config, model_save_dir=model_dir, executorch_config=executorch_config, **runtime_kwargs)
 
     # ------------------------------------------------------------------------------------------ saving

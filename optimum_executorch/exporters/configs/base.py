@@ -1,5 +1,6 @@
 """`ExportConfig`: the base class of the per-family export configs."""
 
+import contextlib
 from typing import Any, Dict, Optional
 
 
@@ -42,6 +43,21 @@ class ExportConfig:
             return all(t == "full_attention" for t in layer_types)
         window = getattr(self.text_config, "sliding_window", None)
         return window is None or window >= max_seq_len
+
+    def patch_model(self, model) -> contextlib.AbstractContextManager:
+        """A context manager in which `model` can be exported (modules swapped for export-friendly ones). Every
+        class and `forward` it changes must be restored on exit (`extensions.ModulePatcher` keeps the books;
+        `optimum_executorch.testing.assert_patch_parity` checks it)."""
+        return contextlib.nullcontext()
+
+    def export_defaults(self, recipe: str, task: str) -> Dict[str, Any]:
+        """Export options this family wants by default for `recipe` and `task` (names of `ExportOptions`
+        fields). They never override an option the user set."""
+        return {}
+
+    def extra_metadata(self) -> Dict[str, Any]:
+        """Extra constant methods stored in the program (name -> int, float, bool or list of ints)."""
+        return {}
 
     def wrapper_kwargs(self) -> Dict[str, Any]:
         """Family-specific keyword arguments of the task's exportable wrapper."""
