@@ -116,27 +116,45 @@ class ExecuTorchRunCommand(BaseOptimumCLICommand):
 
 class ExecuTorchInspectCommand(BaseOptimumCLICommand):
     COMMAND = CommandInfo(
-        name="inspect", help="Describe an export: files, settings, methods with shapes, metadata, delegation."
+        name="inspect",
+        help="Describe an export (files, settings, methods with shapes, metadata, delegation), or check whether a "
+        "checkpoint can be exported (tiny dry-run export, module classes, weight prefixes, starter extension).",
     )
 
     @staticmethod
     def parse_args(parser: ArgumentParser) -> None:
-        parser.add_argument("-m", "--model", required=True, help="An export directory or a .pte file.")
+        parser.add_argument(
+            "-m", "--model", required=True, help="An export directory or .pte file; or a checkpoint directory or Hub id."
+        )
         parser.add_argument("--json", action="store_true", help="Print the description as JSON.")
+        parser.add_argument("--task", default=None, help="Checkpoints: the task to check (default: inferred).")
+        parser.add_argument("--trust_remote_code", action="store_true", help="Checkpoints: allow the repo's own code.")
+        parser.add_argument("--extension_modules", nargs="+", default=None, metavar="FILE.py", help="Checkpoints: extensions.")
         _reject_unknown_options(parser)
 
     def run(self) -> None:
         import json
+        from pathlib import Path
 
-        from ..modeling.program_info import describe_export, format_description
-
+        path = Path(self.args.model)
+        is_export = path.suffix == ".pte" or (path / "model.pte").is_file()
         try:
-            with _native_output_captured(True):
-                description = describe_export(self.args.model)
-        except (ValueError, TypeError, OSError, RuntimeError) as err:
+            if is_export:
+                from ..modeling.program_info import describe_export, format_description
+
+                with _native_output_captured(True):
+                    description = describe_export(path)
+                print(json.dumps(description, indent=2) if self.args.json else format_description(description))
+                return
+            from ..exporters.inspector import format_report, inspect_checkpoint, report_json
+
+            report = inspect_checkpoint(
+                self.args.model, self.args.task, self.args.trust_remote_code, self.args.extension_modules
+            )
+        except (ValueError, TypeError, OSError, RuntimeError, ImportError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        print(json.dumps(description, indent=2) if self.args.json else format_description(description))
+        print(report_json(report) if self.args.json else format_report(report))
 
 
 class ExecuTorchCommand(BaseOptimumCLICommand):
