@@ -112,3 +112,20 @@ def test_conflicting_and_bad_extension_files_give_clear_errors(tmp_path):
     result = run_cli("export", "executorch", "--model", "x", "--extension_modules", str(tmp_path / "missing.py"),
                      "--output_dir", str(tmp_path / "out"))  # fmt: skip
     assert result.returncode == 2 and "not a Python file" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_weight_resolution_and_tiny_export_helpers(example, gated_src, tmp_path):
+    from optimum_executorch.testing import assert_weights_resolve, export_and_compare
+
+    _, extension = example
+    eager = load_eager(gated_src)
+    ext = extension(eager.config, "text-generation")
+    assert assert_weights_resolve(ext, eager, gated_src) == 21  # 2 layers x 9 + embedding, norm, lm_head
+
+    class RenamesWrong(extension):
+        def rename_weights(self, state_dict):
+            return {k.replace("mlp.gate_proj", "mlp.fused_gate"): v for k, v in state_dict.items()}
+
+    with pytest.raises(AssertionError, match="do not resolve: model.layers.0.mlp.gate_proj.weight: not in the checkpoint"):
+        assert_weights_resolve(RenamesWrong(eager.config, "text-generation"), eager, gated_src)
+    export_and_compare(gated_src, tmp_path / "et", extension_modules=[EXAMPLE], max_new_tokens=4)

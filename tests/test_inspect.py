@@ -35,4 +35,4 @@ def test_cli_inspect(tiny_llama_export, tmp_path):
     assert as_json["metadata"]["get_vocab_size"] == 512
 
     missing = run_cli("executorch", "inspect", "--model", str(tmp_path / "missing"))
-    assert missing.returncode == 2 and "No ExecuTorch program" in missing.stderr
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

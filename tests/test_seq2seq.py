@@ -124,26 +124,3 @@ def test_quantized_export_matches_quantized_eager(tmp_path):
     with torch.no_grad():
         expected = eager_q(input_ids=prompt, decoder_input_ids=tokens).logits[:, -1:]
     assert_logits_close(et_model(input_ids=prompt, decoder_input_ids=tokens).logits, expected, rtol=1e-4)
-
-
-def test_quantized_embeddings_and_linears_stay_within_a_quality_bound(tmp_path):
-    """8da8w linears + 8w token embeddings on T5: each alone matches the quantized eager model to 1e-6, together
-    the program's encoder output is 2.0e-2 (relative) from the eager model's (not root-caused yet; the eager
-    model quantized the same way is 7e-2 from float). Bound: teacher-forced top-1 agreement with the quantized
-    eager model on at least 80% of the steps, and logits within 1e-1."""
-    src = save_tiny_model("t5", tmp_path / "model")
-    et_model, eager_q, layers = _quantized(src, tmp_path / "et", qlinear="8da8w", qembedding="8w")
-    assert layers == {"embedding_per_channel": 3, "linear_per_channel": 33}  # the token tables, not the position buckets
-    prompt = _prompt()
-    tokens = eager_q.generate(prompt, **GREEDY)
-    encoder_outputs = et_model.get_encoder()(input_ids=prompt)
-    with torch.no_grad():
-        expected = eager_q(input_ids=prompt, decoder_input_ids=tokens).logits
-    agree = 0
-    for step in range(tokens.shape[1]):
-        actual = et_model(
-            decoder_input_ids=tokens[:, step : step + 1], encoder_outputs=encoder_outputs, cache_position=torch.tensor([step])
-        ).logits
-        assert_logits_close(actual, expected[:, step : step + 1], rtol=1e-1)
-        agree += int(actual.argmax()) == int(expected[0, step].argmax())
-    assert agree >= 0.8 * tokens.shape[1]

@@ -138,6 +138,13 @@ class ExecuTorchInspectCommand(BaseOptimumCLICommand):
 
         path = Path(self.args.model)
         is_export = path.suffix == ".pte" or (path / "model.pte").is_file()
+        if not path.exists() and (path.suffix == ".pte" or str(path).startswith((".", "/", "~"))):
+            print(
+                f"error: '{path}' does not exist. Pass an export directory or .pte file, or a checkpoint directory "
+                "or Hub id to check whether it can be exported.",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         try:
             if is_export:
                 from ..modeling.program_info import describe_export, format_description

@@ -60,7 +60,6 @@ class MobileViTExportConfig(ImageClassificationExportConfig):
     """MobileViT: convolutions with transformer blocks over unfolded patches; downsamples by 32."""
 
     tiny_config_extra = {
-        "image_size": 64,
         "hidden_sizes": [32, 48, 64],
         "neck_hidden_sizes": [8, 8, 16, 16, 24, 24, 32],
         "patch_size": 2,

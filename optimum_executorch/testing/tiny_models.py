@@ -1,20 +1,7 @@
-"""Tiny-model helpers for checking an export against the eager model.
-
-Public and documented, for contributors and extension authors; the project's own tests use them.
-
-Example:
-    ```python
-    from optimum_executorch.testing import save_tiny_model, assert_generation_matches_eager
-    from optimum.executorch import ExecuTorchModelForCausalLM, main_export
-
-    src = save_tiny_model("qwen3", "tiny-qwen3/")
-    main_export(src, "tiny-qwen3-et/", max_seq_len=64)
-    assert_generation_matches_eager(src, ExecuTorchModelForCausalLM.from_pretrained("tiny-qwen3-et/"))
-    ```
-"""
+"""Tiny random models, configs and tokenizers, built in milliseconds, for export tests."""
 
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Union
 
 import torch
 
@@ -77,8 +64,8 @@ def tiny_config(model_type: str, **overrides: Any):
     """A 2-layer, hidden-64 config of `model_type` (any transformers model type)."""
     from transformers import AutoConfig
 
-    from .exporters.configs import EXPORT_CONFIGS
-    from .exporters.configs.base import ExportConfig
+    from ..exporters.configs import EXPORT_CONFIGS
+    from ..exporters.configs.base import ExportConfig
 
     family = EXPORT_CONFIGS.get(model_type, ExportConfig)
     base = _TINY_BASES[family.tiny_config_base]
@@ -289,94 +276,3 @@ def save_tiny_model(
     if with_tokenizer:
         tiny_tokenizer(config.vocab_size).save_pretrained(directory)
     return str(directory)
-
-
-def load_eager(model_dir: Union[str, Path], dtype: torch.dtype = torch.float32):
-    """The eager transformers model of `model_dir`, as the exporter loads it (sdpa attention)."""
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    auto_class = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
-    model = getattr(transformers, auto_class).from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
-
-
-def greedy_eager(eager, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy tokens of the eager model (no eos stop), for comparison with a program."""
-    with torch.no_grad():
-        return eager.generate(
-            input_ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False
-        )
-
-
-def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-4) -> float:
-    """Asserts `max|actual - expected| <= rtol * max|expected|` and returns that relative error.
-
-    Logits are compared relative to their scale: an element-wise relative check fails on logits near
-    zero for rounding differences that cannot change any decision.
-    """
-    assert actual.shape == expected.shape, f"shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}"
-    error = float((actual.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-12))
-    assert error <= rtol, f"logits differ: max abs error is {error:.2e} of the largest logit (allowed {rtol:.0e})"
-    return error
-
-
-def _module_state(model) -> Dict[str, Any]:
-    """Each module's class, its own `forward` (if set on the instance) and its class's `forward`."""
-    return {
-        name: (type(module), module.__dict__.get("forward"), type(module).__dict__.get("forward"))
-        for name, module in model.named_modules()
-    }
-
-
-def assert_patch_parity(extension, model, *args, rtol: float = 1e-5, **kwargs) -> float:
-    """Asserts that `extension.patch_model(model)` (an export config or `ModelExtension` instance) keeps the model's
-    outputs: `model(*args, **kwargs)` before and inside the patch, in float32 whatever the config's dtype, within
-    `rtol` (see `assert_logits_close`), and that every module's class and `forward` is restored on exit.
-    Returns the relative error."""
-    model = model.float().eval()
-    before = _module_state(model)
-    with torch.no_grad():
-        expected = model(*args, **kwargs)
-        with extension.patch_model(model):
-            actual = model(*args, **kwargs)
-    after = _module_state(model)
-    changed = sorted(name for name in before if before[name] != after.get(name))
-    assert not changed, f"patch_model left modules patched after exit: {changed[:5]}"
-    first = lambda output: output if isinstance(output, torch.Tensor) else output[0]  # noqa: E731
-    return assert_logits_close(first(actual), first(expected), rtol)
-
-
-def assert_generation_matches_eager(
-    reference: Union[str, Path, torch.nn.Module],
-    et_model,
-    input_ids: Optional[torch.Tensor] = None,
-    max_new_tokens: int = 20,
-    rtol: float = 1e-4,
-) -> torch.Tensor:
-    """Asserts that `et_model` (an `ExecuTorchModelForCausalLM`) matches the eager model `reference`
-    (a model, or a checkpoint directory loaded with `load_eager`).
-
-    Checks: prefill logits of the prompt within `rtol` (see `assert_logits_close`), then the same greedy tokens for
-    `max_new_tokens`, then the logits of a decode step at the end of that sequence. Returns the tokens.
-    """
-    eager = reference if isinstance(reference, torch.nn.Module) else load_eager(reference)
-    if input_ids is None:
-        torch.manual_seed(0)
-        input_ids = torch.randint(3, eager.config.vocab_size, (1, 7))
-    with torch.no_grad():
-        expected_logits = eager(input_ids).logits[:, -1:, :]
-    actual_logits = et_model(input_ids).logits
-    assert_logits_close(actual_logits, expected_logits, rtol)
-
-    expected = greedy_eager(eager, input_ids, max_new_tokens)
-    actual = et_model.generate(input_ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-    assert actual.tolist() == expected.tolist(), f"greedy tokens differ:\n pte:   {actual.tolist()}\n eager: {expected.tolist()}"
-
-    # Decode step logits at the end of the sequence (the cache holds prompt + generated tokens).
-    with torch.no_grad():
-        expected_step = eager(expected).logits[:, -1:, :]
-    n = expected.shape[1]
-    actual_step = et_model(expected[:, -1:], cache_position=torch.tensor([n - 1])).logits
-    assert_logits_close(actual_step, expected_step, rtol)
-    return actual
