@@ -17,7 +17,9 @@ def _save_config(config, directory):
 
 def test_every_supported_family_exports_in_the_dry_run(tmp_path):
     failed = {}
-    for model_type in sorted(EXPORT_CONFIGS):
+    builtin = [m for m, cls in EXPORT_CONFIGS.items() if cls.__module__.startswith("optimum_executorch.exporters.configs")]
+    assert len(builtin) >= 20  # extensions other tests registered are not families of this package
+    for model_type in sorted(builtin):
         report = inspect_checkpoint(_save_config(tiny_config(model_type), tmp_path / model_type))
         if not report["ok"]:
             failed[model_type] = report["steps"]
@@ -57,7 +59,7 @@ def test_shrink_keeps_one_layer_of_each_type_and_clamps_special_ids():
 
 def test_missing_checkpoint_is_a_clear_cli_error(tmp_path):
     result = run_cli("executorch", "inspect", "--model", str(tmp_path / "nothing"))
-    assert result.returncode == 2 and "Could not load a model config" in result.stderr
+    assert result.returncode == 2 and "does not exist" in result.stderr
 
 
 @pytest.mark.parametrize("flag", ["--trust_remote_code", "--json"])
