@@ -138,7 +138,7 @@ def inspect_checkpoint(
         "model": model,
         "model_type": model_type,
         "architectures": list(getattr(hf_config, "architectures", None) or []),
-        "export_config": EXPORT_CONFIGS[model_type].__name__ if model_type in EXPORT_CONFIGS else None,
+        "export_config": getattr(EXPORT_CONFIGS.get(model_type), "__name__", None),
         "safetensors_prefixes": safetensors_prefixes(model),
         "steps": [],
     }
