@@ -16,6 +16,7 @@ _LAZY = {
     "ExecuTorchModelForMaskedLM": ".modeling",
     "ExecuTorchModelForSeq2SeqLM": ".modeling",
     "ExecuTorchModelForSequenceClassification": ".modeling",
+    "ExecuTorchModelForSpeechSeq2Seq": ".modeling",
     "ExecuTorchModelForTokenClassification": ".modeling",
     "main_export": ".exporters",
     "ExportOptions": ".exporters",

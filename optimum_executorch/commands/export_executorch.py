@@ -37,7 +37,7 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         default=None,
         help="Task to export for (default: inferred from the checkpoint): text-generation, "
         "feature-extraction, fill-mask, text-classification, token-classification, image-classification, "
-        "text2text-generation.",
+        "text2text-generation, automatic-speech-recognition.",
     )
     optional.add_argument("--recipe", default="xnnpack", help="Backend recipe: xnnpack (default) or portable.")
     optional.add_argument(

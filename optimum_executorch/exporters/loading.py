@@ -64,11 +64,15 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
 
 
 # The transformers Auto class that loads each kind of preprocessor a task may need.
-_PREPROCESSOR_AUTO_CLASSES = {"tokenizer": "AutoTokenizer", "image_processor": "AutoImageProcessor"}
+_PREPROCESSOR_AUTO_CLASSES = {
+    "tokenizer": "AutoTokenizer",
+    "image_processor": "AutoImageProcessor",
+    "feature_extractor": "AutoFeatureExtractor",
+}
 
 
 def load_preprocessor(options, kind: str = "tokenizer") -> Optional[Any]:
-    """The checkpoint's preprocessor of `kind` (`tokenizer`, `image_processor`), or `None` (with a warning)."""
+    """The checkpoint's preprocessor of `kind` (`tokenizer`, `image_processor`, `feature_extractor`), or `None` (with a warning)."""
     import transformers
 
     auto_class = getattr(transformers, _PREPROCESSOR_AUTO_CLASSES[kind])

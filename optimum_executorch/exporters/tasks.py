@@ -24,7 +24,7 @@ class TaskSpec:
             export then checks that the runner tokenizes like the Hugging Face tokenizer.
         lm_head: the task's model ends in a vocabulary projection, which configs may tie to the embedding.
         preprocessors: what turns the user's input into the program's input, saved with the export so that
-            `pipeline(task, model=out)` works from the output directory alone: `tokenizer`, `image_processor`.
+            `pipeline(task, model=out)` works from the output directory alone: `tokenizer`, `image_processor`, `feature_extractor`.
     """
 
     name: str
@@ -94,5 +94,16 @@ register_task(
         wrapper=".wrappers.seq2seq:Seq2SeqExportableModule",
         runtime_class="ExecuTorchModelForSeq2SeqLM",
         lm_head=True,
+    )
+)
+
+register_task(
+    TaskSpec(
+        name="automatic-speech-recognition",
+        auto_model_class="AutoModelForSpeechSeq2Seq",
+        wrapper=".wrappers.speech:SpeechSeq2SeqExportableModule",
+        runtime_class="ExecuTorchModelForSpeechSeq2Seq",
+        lm_head=True,
+        preprocessors=("tokenizer", "feature_extractor"),
     )
 )

@@ -9,6 +9,7 @@ from .encoder import (
     ExecuTorchModelForTokenClassification,
 )
 from .seq2seq import ExecuTorchModelForSeq2SeqLM
+from .speech import ExecuTorchModelForSpeechSeq2Seq
 from .vision import ExecuTorchModelForImageClassification
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "ExecuTorchModelForMaskedLM",
     "ExecuTorchModelForSeq2SeqLM",
     "ExecuTorchModelForSequenceClassification",
+    "ExecuTorchModelForSpeechSeq2Seq",
     "ExecuTorchModelForTokenClassification",
 ]

@@ -26,8 +26,9 @@ class _ProgramEncoder:
     def __init__(self, model: "ExecuTorchModelForSeq2SeqLM"):
         self._model = model
 
-    def forward(self, input_ids=None, attention_mask=None, **kwargs) -> BaseModelOutput:
-        return self._model.encode(input_ids, attention_mask)
+    def forward(self, *args, attention_mask=None, **kwargs) -> BaseModelOutput:
+        inputs = args[0] if args else kwargs.get(self._model.main_input_name)
+        return self._model.encode(inputs, attention_mask)
 
     __call__ = forward
 
@@ -136,7 +137,7 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
             `Seq2SeqLMOutput` whose `logits` are `[1, 1, vocab]`: the last position only.
         """
         if encoder_outputs is None:
-            encoder_outputs = self.encode(input_ids, attention_mask)
+            encoder_outputs = self.encode(input_ids if input_ids is not None else kwargs.get(self.main_input_name), attention_mask)
         hidden = encoder_outputs[0] if isinstance(encoder_outputs, (tuple, list)) else encoder_outputs.last_hidden_state
         if decoder_input_ids is None:
             start = self.generation_config.decoder_start_token_id

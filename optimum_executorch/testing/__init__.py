@@ -40,6 +40,7 @@ from .tiny_models import (
     tiny_tokenizer,
     tiny_wordpiece_tokenizer,
 )
+from .tiny_speech import TINY_WHISPER_CHUNK_SECONDS, save_tiny_whisper, tiny_whisper_tokenizer
 
 __all__ = [
     "assert_generation_matches_eager",
@@ -63,4 +64,7 @@ __all__ = [
     "tiny_config",
     "tiny_tokenizer",
     "tiny_wordpiece_tokenizer",
+    "TINY_WHISPER_CHUNK_SECONDS",
+    "save_tiny_whisper",
+    "tiny_whisper_tokenizer",
 ]

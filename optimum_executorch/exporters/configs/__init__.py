@@ -44,4 +44,4 @@ def get_export_config(hf_config, task=None) -> ExportConfig:
 
 
 # Built-in families register themselves on import.
-from . import decoder_lm, encoder, seq2seq, vision  # noqa: E402,F401
+from . import decoder_lm, encoder, seq2seq, speech, vision  # noqa: E402,F401

@@ -5,6 +5,16 @@ from typing import Any, Dict, Optional
 from . import register_export_config
 from .base import ExportConfig
 
+# Layer, head and feed-forward sizes of tiny test models, in the names BART-like configs use (Whisper's too).
+TINY_ENCODER_DECODER_SIZES = {
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+
 
 @register_export_config("t5")
 class Seq2SeqExportConfig(ExportConfig):
@@ -31,12 +41,7 @@ class BartExportConfig(Seq2SeqExportConfig):
     """BART: learned positions (`max_position_embeddings`) in encoder and decoder."""
 
     tiny_config_extra = {
-        "encoder_layers": 2,
-        "decoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "decoder_attention_heads": 4,
-        "encoder_ffn_dim": 128,
-        "decoder_ffn_dim": 128,
+        **TINY_ENCODER_DECODER_SIZES,
         "max_position_embeddings": 128,
         "decoder_start_token_id": 2,
         "forced_eos_token_id": None,

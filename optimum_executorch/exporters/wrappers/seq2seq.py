@@ -20,13 +20,16 @@ from .causal_lm import register_cache_buffers, restart_cache_at
 EXAMPLE_ENCODER_SEQ_LEN, EXAMPLE_DECODER_SEQ_LEN = 6, 2
 
 
-class _EncoderMethod(torch.nn.Module):
-    def __init__(self, model):
+class EncoderMethod(torch.nn.Module):
+    """The model's encoder as a method of one input (`input_ids`, or `input_features` for speech)."""
+
+    def __init__(self, model, input_name: str = "input_ids"):
         super().__init__()
         self.encoder = model.get_encoder()
+        self.input_name = input_name
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.encoder(input_ids=input_ids, return_dict=True).last_hidden_state
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(**{self.input_name: inputs}, return_dict=True).last_hidden_state
 
 
 class _DecoderMethod(torch.nn.Module):
@@ -82,7 +85,7 @@ class Seq2SeqExportableModule(torch.nn.Module):
             raise ValueError(f"hidden_size {hidden_size} differs from the model's d_model {model.config.d_model}.")
         self.model = model
         self.max_seq_len = max_seq_len
-        self.encoder = _EncoderMethod(model)
+        self.encoder = EncoderMethod(model)
         self.decoder = _DecoderMethod(model, max_seq_len)
 
     def example_inputs(self) -> Dict[str, Tuple[Any, ...]]:
