@@ -133,7 +133,7 @@ def main_export(
     quantized_layers = quantization.apply(eager) if quantization.enabled else {}
 
     with export_config.patch_model(eager):
-        wrapper = task_spec.load_wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
+        wrapper = export_config.wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
         programs = export_programs(wrapper)
     constant_methods = dict(wrapper.metadata(getattr(eager, "generation_config", None)), **export_config.extra_metadata())
     if external_weights:

@@ -180,7 +180,7 @@ def inspect_checkpoint(
                 kwargs = dict(export_config.wrapper_kwargs())
                 if max_seq_len and export_config.supports_custom_sdpa(max_seq_len) and get_recipe("xnnpack").custom_sdpa_default:
                     kwargs["custom_sdpa"] = True  # as the default xnnpack export does
-                wrapper = spec.load_wrapper_class()(tiny, max_seq_len=max_seq_len, **kwargs)
+                wrapper = export_config.wrapper_class()(tiny, max_seq_len=max_seq_len, **kwargs)
                 return list(export_programs(wrapper))
 
         report["methods"] = step("torch.export (tiny model)", export)

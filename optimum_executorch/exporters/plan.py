@@ -42,7 +42,7 @@ class ExportPlan:
 
     def methods(self) -> Dict[str, List[Dict[str, Any]]]:
         """The program's methods and their inputs (dtype, shape with its dynamic dimensions)."""
-        wrapper = self.task_spec.load_wrapper_class()
+        wrapper = self.export_config.wrapper_class()
         return wrapper.input_plan(self.max_seq_len, dtype=self.options.dtype, **self.export_config.wrapper_kwargs())
 
     def to_dict(self) -> Dict[str, Any]:

@@ -65,7 +65,10 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     def __init__(self, program, config, model_save_dir, executorch_config=None, engine: str = "python"):
         super().__init__(program, config, model_save_dir, executorch_config)
         self.engine = check_engine(engine)
-        self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
+        # ExecuTorch's LLM runner contract: get_max_context_len positions in all, get_max_seq_len tokens a call at most.
+        per_call = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
+        self.max_seq_len = int(self.read_constant("get_max_context_len", per_call))
+        self.max_chunk_len = min(per_call, self.max_seq_len - 1)
         self.vocab_size = int(self.read_constant("get_vocab_size", config.get_text_config().vocab_size))
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.model_save_dir)
@@ -185,8 +188,8 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
                 "Shorten the prompt or re-export with a larger --max_seq_len."
             )
         input_ids = input_ids.to(torch.long)
-        # The program accepts at most max_seq_len - 1 tokens a call: feed a longer prompt in chunks.
-        step = self.max_seq_len - 1
+        # The program accepts at most max_chunk_len tokens a call: feed a longer prompt in chunks.
+        step = self.max_chunk_len
         with exclusive_cores():
             for start in range(0, seq_len, step):
                 chunk = slice(start, start + step)

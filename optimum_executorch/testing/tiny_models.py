@@ -66,7 +66,9 @@ def tiny_config(model_type: str, **overrides: Any):
 
     from ..exporters.configs import EXPORT_CONFIGS
     from ..exporters.configs.base import ExportConfig
+    from ..exporters.extensions import find_extension
 
+    find_extension(model_type)  # built-in extensions say how to shrink their families too
     family = EXPORT_CONFIGS.get(model_type, ExportConfig)
     base = _TINY_BASES[family.tiny_config_base]
     kwargs = {family.tiny_config_renames.get(k, k): v for k, v in base.items()}

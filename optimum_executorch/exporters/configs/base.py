@@ -59,6 +59,13 @@ class ExportConfig:
         """Extra constant methods stored in the program (name -> int, float, bool or list of ints)."""
         return {}
 
+    def wrapper_class(self):
+        """The `nn.Module` class that makes the model exportable for `self.task`: the task's own (`TaskSpec.wrapper`),
+        unless the family brings one (e.g. a cache layout the task's wrapper does not know)."""
+        from ..tasks import get_task
+
+        return get_task(self.task).load_wrapper_class()
+
     def wrapper_kwargs(self) -> Dict[str, Any]:
         """Family-specific keyword arguments of the task's exportable wrapper."""
         return {}

@@ -56,18 +56,28 @@ class CausalLMExportableModule(torch.nn.Module):
             return
         text_config = model.config.get_text_config()
         self.cache = StaticCache(config=text_config, max_cache_len=max_seq_len)
-        # A sliding-window layer holds only the last `window` positions and updates them with data-dependent
-        # control flow that cannot be exported. A full-length layer holds every position; the model's own
-        # sliding-window mask still hides what is out of the window, so results are unchanged.
-        for i, layer in enumerate(self.cache.layers):
-            if type(layer) is not StaticLayer:
-                self.cache.layers[i] = StaticLayer(max_seq_len)
+        self.cache.layers = [self.cache_layer(i, text_config) for i in range(len(self.cache.layers))]
         num_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         self.cache.early_initialization(
             batch_size=1, num_heads=num_kv_heads, head_dim=head_dim, dtype=model.dtype, device=model.device
         )
         register_cache_buffers(self, self.cache)
+
+    # A call takes at most this many tokens (a longer prompt is fed in chunks); subclasses may take fewer.
+    @property
+    def max_chunk_len(self) -> int:
+        return self.max_seq_len - 1
+
+    def cache_layer(self, index: int, text_config):
+        """The cache of layer `index`. transformers' sliding-window layer holds only the last `window` positions
+        and updates them with data-dependent control flow that cannot be exported; a full-length layer holds
+        every position, and the model's own sliding-window mask still hides what is out of the window."""
+        return StaticLayer(self.max_seq_len)
+
+    def attention_masks(self, cache_position: torch.Tensor):
+        """The attention mask(s) to pass to the model, or None to let the model build them from the cache."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         if self.custom_sdpa:
@@ -79,6 +89,8 @@ class CausalLMExportableModule(torch.nn.Module):
         restart_cache_at(self.cache, cache_position)
         outputs = self.model(
             input_ids=input_ids,
+            attention_mask=self.attention_masks(cache_position),
+            position_ids=cache_position.unsqueeze(0),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -87,7 +99,7 @@ class CausalLMExportableModule(torch.nn.Module):
 
     def example_inputs(self, seq_len: int = 4) -> Dict[str, Tuple[Any, ...]]:
         """Example arguments of each exported method."""
-        seq_len = min(seq_len, self.max_seq_len - 1)
+        seq_len = min(seq_len, self.max_chunk_len)
         input_ids = torch.zeros((1, seq_len), dtype=torch.long)
         cache_position = torch.arange(seq_len, dtype=torch.long)
         return {"forward": (input_ids, cache_position)}
@@ -105,7 +117,7 @@ class CausalLMExportableModule(torch.nn.Module):
 
     def dynamic_shapes(self) -> Dict[str, Any]:
         """Dynamic dimensions of each method: the sequence length, from 1 to max_seq_len - 1."""
-        seq = torch.export.Dim("seq_len", min=1, max=self.max_seq_len - 1)
+        seq = torch.export.Dim("seq_len", min=1, max=self.max_chunk_len)
         return {"forward": ({1: seq}, {0: seq})}
 
     def metadata(self, generation_config) -> Dict[str, Any]:

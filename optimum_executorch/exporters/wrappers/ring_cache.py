@@ -1,0 +1,115 @@
+"""`RingCacheCausalLMExportableModule`: a hybrid decoder LM whose sliding-window layers keep a ring buffer.
+
+Models such as Gemma 3 interleave sliding-window layers (each token sees the last `window` positions) with
+full-attention layers. A full-length cache for every layer makes memory grow with `max_seq_len` in every layer;
+here a sliding layer keeps only `2 * window` positions, position `p` in slot `p % (2 * window)`, so its memory is
+fixed whatever the context. The program then takes at most `window` tokens a call (a longer prompt is fed in
+chunks, which the runtime and ExecuTorch's runner do from `get_max_seq_len`): with `2 * window` slots, no token
+of a chunk overwrites a position that a query of the same chunk still attends to.
+
+The masks are computed from `cache_position` alone (no state): after a call ending at position `e`, slot `s`
+holds position `e - ((e - s) mod size)`, or nothing if that is negative.
+"""
+
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+from transformers.cache_utils import StaticLayer
+
+from .causal_lm import CausalLMExportableModule
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+class RingLayer(StaticLayer):
+    """A cache layer of `size` slots that writes position `p` to slot `p % size`."""
+
+    is_sliding = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        kv_length = key_states.shape[-2]
+        slots = (torch.arange(kv_length, device=self.device) + self.cumulative_length) % self.max_cache_len
+        self.cumulative_length.add_(kv_length)
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+
+def ring_positions(last_position: torch.Tensor, size: int) -> torch.Tensor:
+    """The position each of `size` ring slots holds after a write ending at `last_position` (negative: empty)."""
+    slots = torch.arange(size, dtype=torch.long)
+    return last_position - torch.remainder(last_position - slots, size)
+
+
+class RingCacheCausalLMExportableModule(CausalLMExportableModule):
+    """A `CausalLMExportableModule` whose sliding-window layers keep a ring buffer of `2 * sliding_window` slots.
+
+    Args:
+        model: the eager model; it must take a dict of masks keyed by layer type as `attention_mask` (the
+            transformers models with `config.layer_types` do).
+        max_seq_len: the context: prompt + generated tokens (the full-attention layers' cache length).
+        sliding_window: the window of the sliding layers.
+        layer_types: `config.layer_types` (`sliding_attention` / `full_attention` per layer).
+    """
+
+    def __init__(
+        self,
+        model,
+        max_seq_len: int,
+        custom_sdpa: bool = False,
+        custom_kv_cache: bool = True,
+        sliding_window: Optional[int] = None,
+        layer_types: Sequence[str] = (),
+    ):
+        if custom_sdpa:
+            raise ValueError("custom_sdpa attends over one full-length cache; ring-buffer layers use plain SDPA.")
+        self.sliding_window = sliding_window
+        self.layer_types = list(layer_types)
+        self.ring_size = self.ring_size_for(max_seq_len, sliding_window)
+        super().__init__(model, max_seq_len)
+
+    @staticmethod
+    def ring_size_for(max_seq_len: int, sliding_window: Optional[int]) -> Optional[int]:
+        """`2 * sliding_window`, or None when that is no smaller than a full-length cache."""
+        return 2 * sliding_window if sliding_window and 2 * sliding_window < max_seq_len else None
+
+    @property
+    def max_chunk_len(self) -> int:
+        return self.sliding_window if self.ring_size else self.max_seq_len - 1
+
+    def cache_layer(self, index: int, text_config):
+        if self.ring_size and self.layer_types[index] == SLIDING:
+            return RingLayer(self.ring_size)
+        return StaticLayer(self.max_seq_len)
+
+    def attention_masks(self, cache_position: torch.Tensor) -> Dict[str, torch.Tensor]:
+        query = cache_position.reshape(-1, 1)
+        full = torch.arange(self.max_seq_len, dtype=torch.long).reshape(1, -1)
+        masks = {FULL: (full <= query)[None, None]}
+        if self.ring_size:
+            held = ring_positions(cache_position[-1], self.ring_size).reshape(1, -1)
+            masks[SLIDING] = ((held >= 0) & (held <= query) & (query - held < self.sliding_window))[None, None]
+        else:
+            masks[SLIDING] = ((full <= query) & (query - full < self.sliding_window))[None, None]
+        return masks
+
+    @classmethod
+    def input_plan(cls, max_seq_len: int, sliding_window: Optional[int] = None, **kwargs) -> Dict[str, Any]:
+        ring = cls.ring_size_for(max_seq_len, sliding_window)
+        seq = f"seq_len 1..{sliding_window if ring else max_seq_len - 1}"
+        return {
+            "forward": [
+                {"name": "input_ids", "dtype": "int64", "shape": [1, seq]},
+                {"name": "cache_position", "dtype": "int64", "shape": [seq]},
+            ]
+        }
+
+    def metadata(self, generation_config) -> Dict[str, Any]:
+        # ExecuTorch's runner feeds at most get_max_seq_len tokens a call, get_max_context_len in all.
+        metadata = super().metadata(generation_config)
+        if self.ring_size:
+            metadata["get_max_seq_len"] = self.max_chunk_len
+        metadata["get_sliding_window"] = int(self.sliding_window or 0)
+        return metadata

@@ -1,0 +1,75 @@
+"""gemma3_text, a built-in extension: sliding-window layers with a ring-buffer cache, against the eager model."""
+
+import json
+
+import pytest
+import torch
+
+from optimum.executorch import ExecuTorchModelForCausalLM, main_export
+from optimum_executorch.exporters.wrappers.ring_cache import RingCacheCausalLMExportableModule
+from optimum_executorch.testing import assert_logits_close, load_eager, save_tiny_model
+
+WINDOW, MAX_SEQ_LEN = 8, 48
+LAYERS = ["sliding_attention", "full_attention", "sliding_attention"]
+# As for gemma (tests/test_families.py): XNNPACK's arithmetic on gemma's tanh-GELU and scaled embeddings.
+RTOL = 5e-4
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma3")
+    src = save_tiny_model("gemma3_text", root / "model", num_hidden_layers=3, layer_types=LAYERS, sliding_window=WINDOW)
+    out = main_export(src, root / "et", max_seq_len=MAX_SEQ_LEN)
+    return ExecuTorchModelForCausalLM.from_pretrained(out), load_eager(src), out
+
+
+def test_greedy_tokens_match_eager_past_the_window(exported):
+    et_model, eager, _ = exported
+    torch.manual_seed(0)
+    # A 20-token prompt (fed 8 tokens a call) and 24 new tokens: the 16-slot ring wraps around twice.
+    prompt = torch.randint(7, 512, (1, 20))
+    kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    expected = eager.generate(prompt, **kwargs)
+    assert et_model.generate(prompt, **kwargs).tolist() == expected.tolist()
+    with torch.no_grad():
+        logits = eager(expected).logits
+    # Token by token through the whole sequence, then a chunk of a full window at once.
+    for step in range(expected.shape[1]):
+        actual = et_model(expected[:, step : step + 1], cache_position=torch.tensor([step])).logits
+        assert_logits_close(actual, logits[:, step : step + 1], rtol=RTOL)
+    actual = et_model(expected[:, :30]).logits  # positions 0..29 in chunks of 8, 8, 8, 6
+    assert_logits_close(actual, logits[:, 29:30], rtol=RTOL)
+
+
+def test_sliding_layers_memory_does_not_grow_with_context(exported):
+    _, eager, _ = exported
+    for max_seq_len in (MAX_SEQ_LEN, 256):
+        wrapper = RingCacheCausalLMExportableModule(eager, max_seq_len, sliding_window=WINDOW, layer_types=LAYERS)
+        slots = [layer.keys.shape[2] for layer in wrapper.cache.layers]
+        assert slots == [2 * WINDOW, max_seq_len, 2 * WINDOW]
+        assert wrapper.max_chunk_len == WINDOW
+    # A context no longer than the ring: every layer keeps every position, and a call takes a whole prompt.
+    wrapper = RingCacheCausalLMExportableModule(eager, 16, sliding_window=WINDOW, layer_types=LAYERS)
+    assert [layer.keys.shape[2] for layer in wrapper.cache.layers] == [16, 16, 16] and wrapper.max_chunk_len == 15
+
+
+def test_export_records_the_hybrid_cache(exported):
+    et_model, _, out = exported
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["export_config"] == "Gemma3TextExtension" and config["cache_layout"] == "hybrid"
+    # ExecuTorch's runner contract: at most get_max_seq_len tokens a call, get_max_context_len in all.
+    assert config["metadata"]["get_max_seq_len"] == WINDOW and config["metadata"]["get_max_context_len"] == MAX_SEQ_LEN
+    assert config["metadata"]["get_sliding_window"] == WINDOW and config["custom_sdpa"] is False
+    assert config["method_inputs"]["forward"][0]["shape"] == [1, f"seq_len 1..{WINDOW}"]
+    assert et_model.max_seq_len == MAX_SEQ_LEN and et_model.max_chunk_len == WINDOW
+    with pytest.raises(ValueError, match=f"at most {MAX_SEQ_LEN}"):
+        et_model.generate(torch.ones((1, MAX_SEQ_LEN), dtype=torch.long), max_new_tokens=1)
+
+
+def test_dry_run_and_custom_sdpa(tmp_path):
+    src = save_tiny_model("gemma3_text", tmp_path / "model", layer_types=LAYERS[:2], sliding_window=WINDOW)
+    plan = main_export(src, tmp_path / "out", dry_run=True, max_seq_len=64).to_dict()
+    assert plan["methods"]["forward"][0]["shape"] == [1, f"seq_len 1..{WINDOW}"]
+    assert plan["settings"]["custom_sdpa"]["value"] is False
+    with pytest.raises(ValueError, match="custom_sdpa"):
+        main_export(src, tmp_path / "out", custom_sdpa=True)
