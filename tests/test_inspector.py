@@ -4,6 +4,7 @@ import pytest
 from transformers import AutoConfig
 
 from optimum_executorch.exporters.configs import EXPORT_CONFIGS
+from optimum_executorch.exporters.extensions import discover_builtin_extensions
 from optimum_executorch.exporters.inspector import inspect_checkpoint, shrink_config
 from optimum_executorch.testing import tiny_config
 
@@ -17,8 +18,10 @@ def _save_config(config, directory):
 
 def test_every_supported_family_exports_in_the_dry_run(tmp_path):
     failed = {}
-    builtin = [m for m, cls in EXPORT_CONFIGS.items() if cls.__module__.startswith("optimum_executorch.exporters.configs")]
-    assert len(builtin) >= 20  # extensions other tests registered are not families of this package
+    list(discover_builtin_extensions())  # built-in extensions (gemma3_text, lfm2) are families of this package too
+    ours = ("optimum_executorch.exporters.configs", "optimum_executorch.exporters.extensions.")
+    builtin = [m for m, cls in EXPORT_CONFIGS.items() if cls.__module__.startswith(ours)]
+    assert len(builtin) >= 23 and {"gemma3_text", "lfm2", "whisper"} <= set(builtin)
     for model_type in sorted(builtin):
         report = inspect_checkpoint(_save_config(tiny_config(model_type), tmp_path / model_type))
         if not report["ok"]:
