@@ -26,6 +26,12 @@ CASES = [
     ("albert", "fill-mask"),
     ("mobilebert", "fill-mask"),
     ("xlm-roberta", "feature-extraction"),
+    # The rest of the matrix (every listed model_type for every encoder task).
+    ("xlm-roberta", "fill-mask"),
+    ("roberta", "feature-extraction"),
+    ("roberta", "token-classification"),
+    ("distilbert", "feature-extraction"),
+    ("distilbert", "text-classification"),
 ]
 
 
