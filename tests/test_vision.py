@@ -95,3 +95,20 @@ def test_sequence_options_and_other_tasks_are_refused(tmp_path):
     plan = main_export(src, tmp_path / "c", dry_run=True).to_dict()
     assert plan["settings"]["max_seq_len"] == {"value": None, "source": "not used: the inputs are not sequences"}
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_quantized_vit_matches_eager_quantized_the_same_way(tmp_path):
+    """`--qlinear` applies to image models through the same options: 8da8w linears, as eager quantized alike."""
+    from optimum_executorch.exporters.quantization import QuantizationSpec
+
+    src = save_tiny_image_classifier("vit", tmp_path / "model")
+    out = main_export(src, tmp_path / "et", qlinear="8da8w")
+    eager_q = AutoModelForImageClassification.from_pretrained(src).eval()
+    QuantizationSpec(linear="8da8w").apply(eager_q)
+    layers = json.loads((out / "executorch_config.json").read_text())["quantization"]["layers"]
+    assert layers == {"linear_per_channel": 2 * 6 + 1}  # q, k, v, attention output, intermediate, output; classifier
+    pixel_values = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = eager_q(pixel_values=pixel_values).logits
+    actual = ExecuTorchModelForImageClassification.from_pretrained(out)(pixel_values=pixel_values).logits
+    assert_logits_close(actual, expected, rtol=1e-4)
