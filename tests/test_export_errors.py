@@ -18,7 +18,7 @@ def _no_partial_dirs(parent):
     "kwargs, error, message",
     [
         ({"task": "text-generatoin"}, ValueError, "Did you mean 'text-generation'"),
-        ({"task": "image-to-pizza"}, ValueError, "Supported tasks: feature-extraction, fill-mask"),
+        ({"task": "image-to-pizza"}, ValueError, "Supported tasks: automatic-speech-recognition, feature-extraction, fill-mask"),
         ({"max_seq_length": 128}, TypeError, "Did you mean 'max_seq_len'"),
         ({"recipe": "xnnpak"}, ValueError, "Did you mean 'xnnpack'"),
         ({"dtype": "float64"}, ValueError, "Choose one of: float32, float16, bfloat16"),
