@@ -68,3 +68,40 @@ def test_invalid_quantization_spec_is_rejected_before_any_work(tiny_llama_dir, t
     with pytest.raises(ValueError, match=message):
         main_export(tiny_llama_dir, tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_quantized_by_torchao_exports_as_it_is(tiny_llama_dir, tmp_path):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerGroup
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
+
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32))
+    quantized = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, quantization_config=TorchAoConfig(config))
+    quantized.save_pretrained(tmp_path / "quantized")
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(tmp_path / "quantized")
+    with pytest.raises(ValueError, match="already quantized with torchao"):
+        main_export(tmp_path / "quantized", tmp_path / "x", qlinear="8da8w", dry_run=True)
+    out = main_export(tmp_path / "quantized", tmp_path / "et", max_seq_len=48)
+    recorded = json.loads((out / "executorch_config.json").read_text())["quantization"]
+    assert recorded["source"] == "checkpoint" and recorded["configs"] == ["Int8DynamicActivationIntxWeightConfig"]
+    eager_q = AutoModelForCausalLM.from_pretrained(tmp_path / "quantized").eval()
+    for module in eager_q.modules():  # XNNPACK's bfloat16 scales, as above (the LM head stays float here)
+        if isinstance(module, torch.nn.Linear) and hasattr(module.weight, "scale"):
+            module.weight.scale.data = module.weight.scale.data.to(torch.bfloat16).float()
+    assert_generation_matches_eager(eager_q, ExecuTorchModelForCausalLM.from_pretrained(out), PROMPT, max_new_tokens=12)
+    # The program holds the 4-bit body: at least 60% of the body linears' float bytes are gone.
+    eager = load_eager(tiny_llama_dir)
+    float_bytes = sum(p.numel() * 4 for p in eager.parameters())
+    body = sum(m.weight.numel() * 4 for n, m in eager.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head")
+    assert (out / "model.pte").stat().st_size < float_bytes - 0.6 * body
+
+
+def test_checkpoint_quantized_otherwise_is_refused(tiny_llama_dir, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, tmp_path / "gptq")
+    config = json.loads((tmp_path / "gptq" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (tmp_path / "gptq" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantized with 'gptq', which ExecuTorch cannot run"):
+        main_export(tmp_path / "gptq", tmp_path / "et", dry_run=True)

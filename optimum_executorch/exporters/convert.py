@@ -20,6 +20,7 @@ from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .loading import load_model, load_preprocessor, sentencepiece_model_file
 from .options import ExportOptions
+from .quantization import QUANTIZED_KERNEL_LIBRARY
 from .plan import ExportPlan, make_plan
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
@@ -157,8 +158,11 @@ def main_export(
         # Weights beside the program; loaders must pass this file with model.pte (TextLLMRunner: data_path).
         "weights_file": WEIGHTS_FILE_NAME if external_weights else None,
         # Python modules that register kernels the program needs; the runtime imports them before loading.
-        "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries(),
-        "quantization": dict(quantization.to_dict(), layers=quantized_layers) if quantization.enabled else None,
+        "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries()
+        + ([QUANTIZED_KERNEL_LIBRARY] if (plan.checkpoint_quantization or {}).get("embeddings") else []),
+        "quantization": dict(quantization.to_dict(), layers=quantized_layers)
+        if quantization.enabled
+        else plan.checkpoint_quantization,
         "metadata": constant_methods,
         "options": options.to_dict(),
         "versions": _package_versions(),

@@ -59,6 +59,9 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
+    # Inference only. A checkpoint quantized by torchao loads as tensor-subclass parameters that require grad,
+    # which torch.export cannot unwrap (its int8 data cannot require grad).
+    model.requires_grad_(False)
     model.eval()
     return model
 

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .configs import get_export_config
 from .extensions import find_extension, load_extension_modules
 from .loading import load_config
+from .quantization import checkpoint_quantization
 from .recipes import get_recipe
 from .tasks import get_task
 
@@ -33,6 +34,8 @@ class ExportPlan:
     custom_kv_cache: bool
     external_weights: bool
     sources: Dict[str, str] = field(default_factory=dict)
+    # How the checkpoint itself is quantized (torchao), recorded in executorch_config.json; None otherwise.
+    checkpoint_quantization: Optional[Dict[str, Any]] = None
 
     def wrapper_kwargs(self) -> Dict[str, Any]:
         kwargs = dict(self.export_config.wrapper_kwargs(), custom_sdpa=self.custom_sdpa)
@@ -152,6 +155,12 @@ def make_plan(options) -> ExportPlan:
     recipe = get_recipe(options.recipe)
     max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
     quantization = options.quantization_spec()
+    prequantized = checkpoint_quantization(hf_config)
+    if prequantized and quantization.enabled:
+        raise ValueError(
+            f"'{options.model}' is already quantized with torchao ({', '.join(prequantized['configs'])}). Drop "
+            "--qlinear / --qembedding to export it as it is, or quantize the unquantized checkpoint."
+        )
     custom_sdpa, sdpa_source = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
     custom_kv_cache, cache_source = _resolve_custom_kv_cache(options, custom_sdpa)
     external_weights, weights_source = _resolve_external_weights(options, hf_config, task_spec, quantization)
@@ -167,7 +176,11 @@ def make_plan(options) -> ExportPlan:
         else "not used: the inputs are not sequences"
         if max_seq_len is None
         else f"default: min({export_config.default_max_seq_len}, max_position_embeddings={limit})",
-        "quantization": USER if quantization.enabled else "default: none",
+        "quantization": USER
+        if quantization.enabled
+        else f"checkpoint: torchao {', '.join(prequantized['configs'])}"
+        if prequantized
+        else "default: none",
         "custom_sdpa": sdpa_source,
         "custom_kv_cache": cache_source,
         "external_weights": weights_source,
@@ -175,5 +188,5 @@ def make_plan(options) -> ExportPlan:
     }
     return ExportPlan(
         options, hf_config, export_config, task_spec, recipe, max_seq_len, quantization,
-        custom_sdpa, custom_kv_cache, external_weights, sources,
+        custom_sdpa, custom_kv_cache, external_weights, sources, prequantized,
     )  # fmt: skip

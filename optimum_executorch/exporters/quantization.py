@@ -149,3 +149,28 @@ class QuantizationSpec:
             )
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
+
+
+def checkpoint_quantization(hf_config) -> Optional[Dict[str, Any]]:
+    """How the checkpoint itself is quantized, or None. A torchao checkpoint exports as it is (its tensors are what
+    `QuantizationSpec.apply` would produce); GGUF files are dequantized on load; other methods are refused."""
+    config = getattr(hf_config, "quantization_config", None)
+    if config is None:
+        return None
+    config = config if isinstance(config, dict) else config.to_dict()
+    method = config.get("quant_method")
+    if method == "gguf":
+        return None
+    if method != "torchao":
+        raise ValueError(
+            f"The checkpoint is quantized with '{method}', which ExecuTorch cannot run. Export the unquantized "
+            "checkpoint (optionally with --qlinear / --qembedding), or one quantized with torchao."
+        )
+    quant_type = config.get("quant_type")
+    schemes = sorted({v.get("_type", "?") for v in quant_type.values()}) if isinstance(quant_type, dict) else [str(quant_type)]
+    return {
+        "source": "checkpoint",
+        "quant_method": "torchao",
+        "configs": schemes,
+        "embeddings": bool(config.get("include_input_output_embeddings")),
+    }
