@@ -4,10 +4,11 @@ import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.wrappers.ring_cache import RingCacheCausalLMExportableModule
-from optimum_executorch.testing import assert_logits_close, load_eager, save_tiny_model
+from optimum_executorch.testing import assert_logits_close, keep_whole_character_tokens, load_eager, save_tiny_model
 
 WINDOW, MAX_SEQ_LEN = 8, 48
 LAYERS = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -19,6 +20,10 @@ RTOL = 5e-4
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3")
     src = save_tiny_model("gemma3_text", root / "model", num_hidden_layers=3, layer_types=LAYERS, sliding_window=WINDOW)
+    # Whole-character tokens only, so that ExecuTorch's C++ runner can stream the text too (test_runner_engine.py).
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+    keep_whole_character_tokens(model, tokenizer)
+    model.save_pretrained(src)
     out = main_export(src, root / "et", max_seq_len=MAX_SEQ_LEN)
     return ExecuTorchModelForCausalLM.from_pretrained(out), load_eager(src), out
 
@@ -39,6 +44,18 @@ def test_greedy_tokens_match_eager_past_the_window(exported):
         assert_logits_close(actual, logits[:, step : step + 1], rtol=RTOL)
     actual = et_model(expected[:, :30]).logits  # positions 0..29 in chunks of 8, 8, 8, 6
     assert_logits_close(actual, logits[:, 29:30], rtol=RTOL)
+
+
+def test_cpp_runner_feeds_a_long_prompt_in_window_sized_calls(exported):
+    _, _, out = exported
+    prompt = "The capital of France is Paris. The capital of Italy is"  # 12 tokens: more than one call of 8
+    results = [
+        ExecuTorchModelForCausalLM.from_pretrained(out, engine=engine).generate_text(prompt, max_new_tokens=12)
+        for engine in ("python", "runner")
+    ]
+    (py_text, py_stats), (runner_text, runner_stats) = results
+    assert py_stats.prompt_tokens > WINDOW and runner_stats.prompt_tokens == py_stats.prompt_tokens
+    assert runner_text == py_text and runner_stats.new_tokens == py_stats.new_tokens == 12
 
 
 def test_sliding_layers_memory_does_not_grow_with_context(exported):
