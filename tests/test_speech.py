@@ -110,6 +110,10 @@ def test_export_directory(exported):
     assert processor.feature_extractor.nb_max_frames == 200 and len(processor.tokenizer) == eager.config.vocab_size
     with pytest.raises(ValueError, match="automatic-speech-recognition"):
         ExecuTorchModelForSeq2SeqLM.from_pretrained(out)
+    # The program's limit applies while generating; the saved config stays the model's.
+    et_model.save_pretrained(out.parent / "saved")
+    saved = json.loads((out.parent / "saved" / "config.json").read_text())
+    assert saved["max_target_positions"] == eager.config.max_target_positions == 64
 
 
 def test_bad_inputs_raise_clear_errors(exported):

@@ -7,6 +7,7 @@ transformers' own Whisper generation (`WhisperGenerationMixin`): language detect
 temperature fallback; each window's encoder runs once, then the decoder once per token.
 """
 
+import copy
 import logging
 from types import SimpleNamespace
 from typing import Optional
@@ -57,8 +58,10 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
         self.model = _WHISPER_ENCODER_STRIDES
         self.num_mel_bins = int(self.read_constant("get_num_mel_bins", config.num_mel_bins))
         self.num_frames = int(self.read_constant("get_num_frames", 2 * config.max_source_positions))
-        # Whisper's generation caps the decoder sequence at `max_target_positions`: the program's cache.
-        config.max_target_positions = min(int(config.max_target_positions), self.max_seq_len)
+        # Whisper's generation caps the decoder sequence at `config.max_target_positions`; during `generate` it reads
+        # a copy capped at the program's positions (the model's own config, saved with the model, stays as it is).
+        self._generation_model_config = copy.deepcopy(config)
+        self._generation_model_config.max_target_positions = min(int(config.max_target_positions), self.max_seq_len)
         if self.generation_config.num_beams is None:
             # Set explicitly, so that a pipeline does not add its default of 5 beams, which batch size 1 excludes.
             self.generation_config.num_beams = 1
@@ -108,5 +111,9 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
                 f"max_new_tokens={wanted} does not fit the {self.max_seq_len} decoder positions of this program, which "
                 "also hold the start tokens. Ask for fewer tokens or re-export with a larger --max_seq_len."
             )
-        with exclusive_cores():  # once for the whole loop, see threads.py
-            return WhisperGenerationMixin.generate(self, input_features, generation_config=generation_config, **kwargs)
+        config, self.config = self.config, self._generation_model_config
+        try:
+            with exclusive_cores():  # once for the whole loop, see threads.py
+                return WhisperGenerationMixin.generate(self, input_features, generation_config=generation_config, **kwargs)
+        finally:
+            self.config = config
