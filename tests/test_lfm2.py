@@ -54,4 +54,4 @@ def test_conv_layers_keep_no_kv_cache(tmp_path):
     src = save_tiny_model("lfm2", tmp_path / "model", num_hidden_layers=3, layer_types=LAYERS)
     wrapper = ConvStateCausalLMExportableModule(load_eager(src), 256)
     assert [layer.keys.shape[2] for layer in wrapper.cache.layers] == [1, 256, 1]
-    assert [tuple(wrapper.cache.conv_states[i].shape) for i in (0, 2)] == [(1, 64, 2), (1, 64, 2)]
+    assert {i: tuple(s.shape) for i, s in wrapper.cache.conv_states.items()} == {0: (1, 64, 2), 2: (1, 64, 2)}

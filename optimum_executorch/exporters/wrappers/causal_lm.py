@@ -22,6 +22,11 @@ def register_cache_buffers(module: torch.nn.Module, cache) -> None:
         module.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
 
 
+def causal_mask(cache_position: torch.Tensor, length: int) -> torch.Tensor:
+    """`[1, 1, seq, length]` boolean mask: each query position attends to cache positions up to its own."""
+    return (torch.arange(length, dtype=torch.long).reshape(1, -1) <= cache_position.reshape(-1, 1))[None, None]
+
+
 def restart_cache_at(cache, cache_position: torch.Tensor) -> None:
     """The cache writes new entries after its current length: set it from the first position of this call, so
     that a call at position 0 (a new prompt) restarts the sequence."""
@@ -64,10 +69,14 @@ class CausalLMExportableModule(torch.nn.Module):
         )
         register_cache_buffers(self, self.cache)
 
-    # A call takes at most this many tokens (a longer prompt is fed in chunks); subclasses may take fewer.
+    @classmethod
+    def chunk_len_for(cls, max_seq_len: int, **wrapper_kwargs) -> int:
+        """The most tokens one call takes (a longer prompt is fed in chunks); subclasses may take fewer."""
+        return max_seq_len - 1
+
     @property
     def max_chunk_len(self) -> int:
-        return self.max_seq_len - 1
+        return self.chunk_len_for(self.max_seq_len)
 
     def cache_layer(self, index: int, text_config):
         """The cache of layer `index`. transformers' sliding-window layer holds only the last `window` positions
@@ -107,7 +116,7 @@ class CausalLMExportableModule(torch.nn.Module):
     @classmethod
     def input_plan(cls, max_seq_len: int, **kwargs) -> Dict[str, Any]:
         """The inputs of each method, for a dry run: name, dtype, shape (dynamic dimensions as ranges)."""
-        seq = f"seq_len 1..{max_seq_len - 1}"
+        seq = f"seq_len 1..{cls.chunk_len_for(max_seq_len, **kwargs)}"
         return {
             "forward": [
                 {"name": "input_ids", "dtype": "int64", "shape": [1, seq]},

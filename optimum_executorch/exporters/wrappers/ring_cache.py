@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from transformers.cache_utils import StaticLayer
 
-from .causal_lm import CausalLMExportableModule
+from .causal_lm import CausalLMExportableModule, causal_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -75,9 +75,13 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
         """`2 * sliding_window`, or None when that is no smaller than a full-length cache."""
         return 2 * sliding_window if sliding_window and 2 * sliding_window < max_seq_len else None
 
+    @classmethod
+    def chunk_len_for(cls, max_seq_len: int, sliding_window: Optional[int] = None, **kwargs) -> int:
+        return sliding_window if cls.ring_size_for(max_seq_len, sliding_window) else max_seq_len - 1
+
     @property
     def max_chunk_len(self) -> int:
-        return self.sliding_window if self.ring_size else self.max_seq_len - 1
+        return self.chunk_len_for(self.max_seq_len, self.sliding_window)
 
     def cache_layer(self, index: int, text_config):
         if self.ring_size and self.layer_types[index] == SLIDING:
@@ -86,25 +90,12 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
 
     def attention_masks(self, cache_position: torch.Tensor) -> Dict[str, torch.Tensor]:
         query = cache_position.reshape(-1, 1)
-        full = torch.arange(self.max_seq_len, dtype=torch.long).reshape(1, -1)
-        masks = {FULL: (full <= query)[None, None]}
-        if self.ring_size:
+        if self.ring_size:  # the position each slot holds (negative: empty)
             held = ring_positions(cache_position[-1], self.ring_size).reshape(1, -1)
-            masks[SLIDING] = ((held >= 0) & (held <= query) & (query - held < self.sliding_window))[None, None]
         else:
-            masks[SLIDING] = ((full <= query) & (query - full < self.sliding_window))[None, None]
-        return masks
-
-    @classmethod
-    def input_plan(cls, max_seq_len: int, sliding_window: Optional[int] = None, **kwargs) -> Dict[str, Any]:
-        ring = cls.ring_size_for(max_seq_len, sliding_window)
-        seq = f"seq_len 1..{sliding_window if ring else max_seq_len - 1}"
-        return {
-            "forward": [
-                {"name": "input_ids", "dtype": "int64", "shape": [1, seq]},
-                {"name": "cache_position", "dtype": "int64", "shape": [seq]},
-            ]
-        }
+            held = torch.arange(self.max_seq_len, dtype=torch.long).reshape(1, -1)
+        sliding = (held >= 0) & (held <= query) & (query - held < self.sliding_window)
+        return {FULL: causal_mask(cache_position, self.max_seq_len), SLIDING: sliding[None, None]}
 
     def metadata(self, generation_config) -> Dict[str, Any]:
         # ExecuTorch's runner feeds at most get_max_seq_len tokens a call, get_max_context_len in all.

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import StaticLayer
 
-from ...wrappers.causal_lm import CausalLMExportableModule
+from ...wrappers.causal_lm import CausalLMExportableModule, causal_mask
 from .. import ModelExtension, ModulePatcher, register_extension
 
 CONV, FULL = "conv", "full_attention"
@@ -43,21 +43,19 @@ class ConvStateCausalLMExportableModule(CausalLMExportableModule):
             raise ValueError("custom_sdpa expects attention in every layer; LFM2's conv layers have none.")
         super().__init__(model, max_seq_len)
         config = model.config
-        self.cache.conv_states = []
+        self.cache.conv_states = {}  # layer index -> [1, hidden, kernel - 1], a buffer (mutable state) of the program
         for i, layer_type in enumerate(config.layer_types):
-            state = torch.zeros((1, config.hidden_size, config.conv_L_cache - 1), dtype=model.dtype)
             if layer_type == CONV:
+                state = torch.zeros((1, config.hidden_size, config.conv_L_cache - 1), dtype=model.dtype)
                 self.register_buffer(f"conv_state_{i}", state, persistent=False)
-                state = getattr(self, f"conv_state_{i}")
-            self.cache.conv_states.append(state)
+                self.cache.conv_states[i] = getattr(self, f"conv_state_{i}")
 
     def cache_layer(self, index: int, text_config):
         # A conv layer's KV entry is never written: one position keeps the cache's bookkeeping uniform.
         return StaticLayer(1 if text_config.layer_types[index] == CONV else self.max_seq_len)
 
     def attention_masks(self, cache_position: torch.Tensor) -> Dict[str, Any]:
-        positions = torch.arange(self.max_seq_len, dtype=torch.long).reshape(1, -1)
-        return {FULL: (positions <= cache_position.reshape(-1, 1))[None, None], CONV: None}
+        return {FULL: causal_mask(cache_position, self.max_seq_len), CONV: None}
 
 
 @register_extension
