@@ -11,6 +11,36 @@ class XnnpackRecipe(Recipe):
     custom_sdpa_default = True
 
     def partitioners(self):
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        return [_checked_once_partitioner()]
 
-        return [XnnpackPartitioner()]
+
+def _checked_once_partitioner():
+    """XNNPACK's partitioner, telling the edge lowering when none of its ops needs the per-node check.
+
+    XNNPACK keeps a few ops whole (linear, the torchao quantization primitives, ...) and gives
+    `to_edge_transform_and_lower` a per-node check for them. With a check, the lowering decomposes the whole
+    graph three times (functionalize; all but the kept ops; then whatever the check refused), each a full
+    re-trace; without one, twice. When every kept node in the program passes the check, the third pass
+    has nothing to do: this partitioner says so by returning no check (measured on an 8-layer SmolLM2-shaped
+    8da4w export: decompositions 25 s -> 15 s, 87 s -> 75 s in all). Only for programs whose kept nodes are
+    all linears and torchao quantization primitives (transformers' text models): other kept ops (bilinear
+    upsampling in MobileViT) can pass the check and still be left out of a partition, which the lowering
+    handles only with the check. Otherwise the check is returned and the lowering runs exactly as before.
+    """
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    linear = torch.ops.aten.linear.default
+
+    class CheckedOncePartitioner(XnnpackPartitioner):
+        def ops_to_not_decompose(self, ep):
+            ops, check = super().ops_to_not_decompose(ep)
+            if check is None or ep is None:
+                return ops, check
+            kept = set(ops)
+            nodes = [node for node in ep.graph.nodes if node.op == "call_function" and node.target in kept]
+            # No kept node found: an edge-dialect program (the check after lowering) or nothing to keep.
+            linears_only = bool(nodes) and all(n.target is linear or n.target.namespace == "torchao" for n in nodes)
+            return ops, (None if linears_only and all(check(node) for node in nodes) else check)
+
+    return CheckedOncePartitioner()
