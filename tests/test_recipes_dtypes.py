@@ -27,3 +27,29 @@ def test_half_precision_export_matches_eager_in_that_dtype(tiny_llama_dir, tmp_p
     # Half precision: logits within 2% of their scale, and the same top-1 token.
     assert_logits_close(actual, expected, rtol=2e-2)
     assert int(actual.argmax()) == int(expected.argmax())
+
+
+class _Linears(torch.nn.Module):
+    def __init__(self, upsample=False):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.upsample = upsample
+
+    def forward(self, x):
+        y = self.proj(x)
+        if self.upsample:
+            y = torch.nn.functional.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+        return y
+
+
+@pytest.mark.parametrize("upsample", [False, True])
+def test_xnnpack_partitioner_drops_the_op_check_only_for_linear_programs(upsample):
+    # Linears only: no per-node check, so the edge lowering skips its third decomposition. Any other op kept
+    # whole (bilinear upsampling here) keeps XNNPACK's own check and the lowering as ExecuTorch runs it.
+    from optimum_executorch.exporters.recipes import get_recipe
+
+    program = torch.export.export(_Linears(upsample).eval(), (torch.randn(1, 2, 4, 8),)).run_decompositions({})
+    (partitioner,) = get_recipe("xnnpack").partitioners()
+    ops, check = partitioner.ops_to_not_decompose(program)
+    assert torch.ops.aten.linear.default in ops
+    assert (check is None) == (not upsample)
