@@ -25,10 +25,13 @@ def _export_and_reference(src, out, **options):
         linear=options.get("qlinear"),
         linear_group_size=options.get("qlinear_group_size"),
         embedding=options.get("qembedding"),
+        linear_8bit_layers=options.get("qlinear_8bit_layers"),
     ).apply(eager_q)
     if options.get("qlinear") == "8da4w":
-        for module in eager_q.modules():
-            if isinstance(module, torch.nn.Linear):
+        eight_bit = tuple(options.get("qlinear_8bit_layers") or ())
+        for name, module in eager_q.named_modules():
+            # XNNPACK keeps bfloat16 scales for 4-bit groups only (8-bit per-channel scales stay float32).
+            if isinstance(module, torch.nn.Linear) and not name.endswith(eight_bit):
                 module.weight.scale.data = module.weight.scale.data.to(torch.bfloat16).float()
     return ExecuTorchModelForCausalLM.from_pretrained(out), eager_q, json.loads((out / "executorch_config.json").read_text())
 
@@ -40,8 +43,13 @@ def _export_and_reference(src, out, **options):
         ({"qlinear": "8da4w", "qembedding": "8w"}, {"embedding_per_channel": 1, "linear_group32": 15}),
         # 128 divides only down_proj's 128 inputs: the other linears (64 inputs) fall back to per-channel.
         ({"qlinear": "8da4w", "qlinear_group_size": 128}, {"linear_group128": 2, "linear_per_channel": 13}),
+        # Mixed: the MLP down projections and the LM head at 8 bits, the rest at 4.
+        (
+            {"qlinear": "8da4w", "qlinear_8bit_layers": ["down_proj", "lm_head"], "qembedding": "8w"},
+            {"embedding_per_channel": 1, "linear_8bit_per_channel": 3, "linear_group32": 12},
+        ),
     ],
-    ids=["8da8w+8w", "8da4w-g32+8w", "8da4w-g128-fallback"],
+    ids=["8da8w+8w", "8da4w-g32+8w", "8da4w-g128-fallback", "8da4w-mixed-8bit-layers"],
 )
 def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, options, layers):
     model, eager_q, config = _export_and_reference(tiny_llama_dir, tmp_path / "et", **options)
@@ -62,6 +70,9 @@ def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, opti
         ({"qlinear": "8da4w", "qlinear_group_size": -32}, "not a valid group size"),
         ({"qembedding": "8w", "qembedding_group_size": 3}, "not a valid group size"),
         ({"qlinear": "8da8w", "qlinear_group_size": 32}, "Pass --qlinear_group_size 0"),
+        ({"qlinear": "8da8w", "qlinear_8bit_layers": ["down_proj"]}, "needs --qlinear 8da4w"),
+        ({"qlinear_8bit_layers": ["down_proj"]}, "needs --qlinear 8da4w"),
+        ({"qlinear": "8da4w", "qlinear_8bit_layers": [""]}, "needs layer names"),
     ],
 )
 def test_invalid_quantization_spec_is_rejected_before_any_work(tiny_llama_dir, tmp_path, kwargs, message):
@@ -105,3 +116,9 @@ def test_checkpoint_quantized_otherwise_is_refused(tiny_llama_dir, tmp_path):
     (tmp_path / "gptq" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quantized with 'gptq', which ExecuTorch cannot run"):
         main_export(tmp_path / "gptq", tmp_path / "et", dry_run=True)
+
+
+def test_8bit_layer_name_that_matches_nothing_is_an_error(tiny_llama_dir, tmp_path):
+    with pytest.raises(ValueError, match="no linear layer is named 'down_prj'.*down_proj"):
+        main_export(tiny_llama_dir, tmp_path / "out", qlinear="8da4w", qlinear_8bit_layers=["down_prj"])
+    assert not (tmp_path / "out").exists()

@@ -63,6 +63,13 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         default=None,
         help="Group size of quantized linear weights: default 32 for 8da4w; 0 means per channel (8da8w).",
     )
+    optional.add_argument(
+        "--qlinear_8bit_layers",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="With --qlinear 8da4w: linear layers kept at 8da8w, by name (e.g. down_proj lm_head).",
+    )
     optional.add_argument("--qembedding", default=None, help="Quantize embeddings: 8w (torchao).")
     optional.add_argument(
         "--qembedding_group_size", type=int, default=0, help="Group size of quantized embedding weights (0: per row)."

@@ -34,6 +34,8 @@ class ExportOptions:
         qlinear: quantize every linear layer (`8da4w`, `8da8w`), see `quantization.py`.
         qlinear_group_size: group size of the quantized linear weights (default 32 for 8da4w; 0: per
             channel, the only choice for 8da8w).
+        qlinear_8bit_layers: with `qlinear="8da4w"`, linear layers kept at 8da8w, by name (`down_proj`,
+            `lm_head`, ...): the layers that lose the most at 4 bits.
         qembedding: quantize the embeddings (`8w`).
         qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
@@ -67,6 +69,7 @@ class ExportOptions:
     extension_modules: Optional[List[str]] = None
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
+    qlinear_8bit_layers: Optional[List[str]] = None
     qembedding: Optional[str] = None
     qembedding_group_size: int = 0
 
@@ -123,6 +126,7 @@ class ExportOptions:
             linear_group_size=self.qlinear_group_size,
             embedding=self.qembedding,
             embedding_group_size=self.qembedding_group_size,
+            linear_8bit_layers=None if self.qlinear_8bit_layers is None else tuple(self.qlinear_8bit_layers),
         )
 
     def to_dict(self) -> Dict[str, Any]:

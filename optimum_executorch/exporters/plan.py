@@ -124,7 +124,7 @@ def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tu
 
 # The plan setting an `ExportOptions` field feeds, where the names differ.
 _SETTING_OF_OPTION = {"qlinear": "quantization", "qlinear_group_size": "quantization", "qembedding": "quantization",
-                      "qembedding_group_size": "quantization"}  # fmt: skip
+                      "qembedding_group_size": "quantization", "qlinear_8bit_layers": "quantization"}  # fmt: skip
 
 
 def _apply_extension_defaults(options, export_config) -> Dict[str, str]:

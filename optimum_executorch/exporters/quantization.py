@@ -7,14 +7,16 @@ XNNPACK's kernels and the quantized embeddings to ExecuTorch's `quantized_decomp
 Schemes:
     linear     8da4w / 8da8w: int8 dynamic activations, int4 / int8 weights (XNNPACK kernels)
     embedding  8w: int8 weights
-Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
-for one scale per output channel. A layer whose input size the group size does not divide falls back
+Mixed: with 8da4w, `linear_8bit_layers` names linears (by the last part of their module name, e.g.
+`down_proj`, `lm_head`) that get 8da8w instead, the way llama.cpp's "K_M" formats keep the sensitive
+layers at more bits. Group sizes: a positive power of two (weights quantized in groups of that many input
+channels), or 0 for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
 """
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from ..utils import suggest
 
@@ -51,12 +53,15 @@ class QuantizationSpec:
             per channel for 8da8w (XNNPACK's 8-bit weight kernels take one scale per channel).
         embedding: scheme of every `nn.Embedding`, or `None`.
         embedding_group_size: group size of the embedding weights (0: per row).
+        linear_8bit_layers: with `linear="8da4w"`, names of linears kept at 8da8w (per channel): a linear
+            matches when its module name is the given name or ends with "." + name.
     """
 
     linear: Optional[str] = None
     linear_group_size: Optional[int] = None
     embedding: Optional[str] = None
     embedding_group_size: int = 0
+    linear_8bit_layers: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         if self.linear in WEIGHT_ONLY_LINEAR_SCHEMES:
@@ -84,6 +89,16 @@ class QuantizationSpec:
                 f"got qlinear_group_size={self.linear_group_size}. Pass --qlinear_group_size 0, or use 8da4w."
             )
         _check_group_size("qembedding_group_size", self.embedding_group_size)
+        if self.linear_8bit_layers is not None:
+            names = self.linear_8bit_layers
+            if self.linear != "8da4w":
+                raise ValueError(
+                    f"qlinear_8bit_layers keeps some linears at 8 bits inside a 4-bit model: it needs --qlinear 8da4w, "
+                    f"got --qlinear {self.linear}."
+                )
+            if not names or not all(isinstance(n, str) and n.strip(". ") for n in names):
+                raise ValueError(f"qlinear_8bit_layers needs layer names such as down_proj or lm_head, got {names!r}.")
+            object.__setattr__(self, "linear_8bit_layers", tuple(n.strip(". ") for n in names))
 
     @property
     def enabled(self) -> bool:
@@ -137,18 +152,48 @@ class QuantizationSpec:
                 select=lambda module: module.num_embeddings == vocab_size,
             )
         if self.linear:
+            eight_bit = self._linears_kept_at_8_bits(model)
+
+            def linear_config(bits):
+                return lambda g: Int8DynamicActivationIntxWeightConfig(
+                    weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g
+                )
+
+            if eight_bit:
+                quantize_layers("linear_8bit", torch.nn.Linear, 1, 0, linear_config(8), select=lambda m: m in eight_bit)
             bits = LINEAR_SCHEMES[self.linear]
             quantize_layers(
                 "linear",
                 torch.nn.Linear,
                 1,
                 self.linear_group_size,
-                lambda g: Int8DynamicActivationIntxWeightConfig(
-                    weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g
-                ),
+                linear_config(bits),
+                select=lambda module: module not in eight_bit,
             )
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
+
+
+    def _linears_kept_at_8_bits(self, model) -> set:
+        """The linear modules `linear_8bit_layers` names; a name that matches no linear is an error."""
+        import torch
+
+        if not self.linear_8bit_layers:
+            return set()
+        linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+        chosen, unmatched = set(), []
+        for wanted in self.linear_8bit_layers:
+            hits = [m for name, m in linears.items() if name == wanted or name.endswith("." + wanted)]
+            if not hits:
+                unmatched.append(wanted)
+            chosen.update(hits)
+        if unmatched:
+            kinds = sorted({name.rsplit(".", 1)[-1] for name in linears})
+            raise ValueError(
+                f"qlinear_8bit_layers: no linear layer is named {', '.join(map(repr, unmatched))} in this model. "
+                f"Its linear layers end in: {', '.join(kinds)}."
+            )
+        return chosen
 
 
 def checkpoint_quantization(hf_config) -> Optional[Dict[str, Any]]:
