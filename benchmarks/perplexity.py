@@ -112,6 +112,8 @@ def main():
 
     quantization = config.get("quantization") or {}
     label = "+".join(filter(None, [quantization.get("linear"), quantization.get("embedding")])) or config["dtype"]
+    if quantization.get("linear_8bit_layers"):
+        label += f" ({'/'.join(quantization['linear_8bit_layers'])} at 8da8w)"
     report = {
         "tokens": count,
         "context": args.context,
