@@ -9,8 +9,9 @@ Schemes:
     embedding  8w: int8 weights
 Mixed: with 8da4w, `linear_8bit_layers` names linears (by the last part of their module name, e.g.
 `down_proj`, `lm_head`) that get 8da8w instead, the way llama.cpp's "K_M" formats keep the sensitive
-layers at more bits. Group sizes: a positive power of two (weights quantized in groups of that many input
-channels), or 0 for one scale per output channel. A layer whose input size the group size does not divide falls back
+layers at more bits.
+Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
+for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
 """
 
@@ -90,15 +91,18 @@ class QuantizationSpec:
             )
         _check_group_size("qembedding_group_size", self.embedding_group_size)
         if self.linear_8bit_layers is not None:
-            names = self.linear_8bit_layers
+            names = tuple(n.strip(". ") if isinstance(n, str) else n for n in self.linear_8bit_layers)
             if self.linear != "8da4w":
                 raise ValueError(
                     f"qlinear_8bit_layers keeps some linears at 8 bits inside a 4-bit model: it needs --qlinear 8da4w, "
                     f"got --qlinear {self.linear}."
                 )
-            if not names or not all(isinstance(n, str) and n.strip(". ") for n in names):
-                raise ValueError(f"qlinear_8bit_layers needs layer names such as down_proj or lm_head, got {names!r}.")
-            object.__setattr__(self, "linear_8bit_layers", tuple(n.strip(". ") for n in names))
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(
+                    "qlinear_8bit_layers needs layer names such as down_proj or lm_head, "
+                    f"got {self.linear_8bit_layers!r}."
+                )
+            object.__setattr__(self, "linear_8bit_layers", names)
 
     @property
     def enabled(self) -> bool:
@@ -172,7 +176,6 @@ class QuantizationSpec:
             )
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
-
 
     def _linears_kept_at_8_bits(self, model) -> set:
         """The linear modules `linear_8bit_layers` names; a name that matches no linear is an error."""
