@@ -70,6 +70,18 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         metavar="NAME",
         help="With --qlinear 8da4w: linear layers kept at 8da8w, by name (e.g. down_proj lm_head).",
     )
+    optional.add_argument(
+        "--qlinear_method",
+        default="rtn",
+        help="How quantized linear weights are rounded: rtn (round to nearest, default) or gptq (calibrated on "
+        "text; better quality, same program size and speed, longer export).",
+    )
+    optional.add_argument(
+        "--calibration_data",
+        default=None,
+        metavar="TEXT_FILE",
+        help="With --qlinear_method gptq: a UTF-8 text file to calibrate on (default: text the model samples itself).",
+    )
     optional.add_argument("--qembedding", default=None, help="Quantize embeddings: 8w (torchao).")
     optional.add_argument(
         "--qembedding_group_size", type=int, default=0, help="Group size of quantized embedding weights (0: per row)."

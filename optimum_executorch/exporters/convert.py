@@ -131,7 +131,7 @@ def main_export(
     eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
     preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
     tokenizer = preprocessors.get("tokenizer")
-    quantized_layers = quantization.apply(eager) if quantization.enabled else {}
+    quantized_layers = quantization.apply(eager, tokenizer) if quantization.enabled else {}
 
     with export_config.patch_model(eager):
         wrapper = export_config.wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())

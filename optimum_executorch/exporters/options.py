@@ -36,6 +36,10 @@ class ExportOptions:
             channel, the only choice for 8da8w).
         qlinear_8bit_layers: with `qlinear="8da4w"`, linear layers kept at 8da8w, by name (`down_proj`,
             `lm_head`, ...): the layers that lose the most at 4 bits.
+        qlinear_method: how the quantized linear weights are rounded: `rtn` (round to nearest, default) or `gptq`
+            (GPTQ on calibration text, text-generation only).
+        calibration_data: with `qlinear_method="gptq"`, a UTF-8 text file to calibrate on; `None`: text the model
+            samples itself.
         qembedding: quantize the embeddings (`8w`).
         qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
@@ -70,6 +74,8 @@ class ExportOptions:
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qlinear_8bit_layers: Optional[List[str]] = None
+    qlinear_method: str = "rtn"
+    calibration_data: Optional[str] = None
     qembedding: Optional[str] = None
     qembedding_group_size: int = 0
 
@@ -127,6 +133,8 @@ class ExportOptions:
             embedding=self.qembedding,
             embedding_group_size=self.qembedding_group_size,
             linear_8bit_layers=None if self.qlinear_8bit_layers is None else tuple(self.qlinear_8bit_layers),
+            linear_method=self.qlinear_method,
+            calibration_data=self.calibration_data,
         )
 
     def to_dict(self) -> Dict[str, Any]:

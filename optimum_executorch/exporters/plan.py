@@ -124,7 +124,8 @@ def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tu
 
 # The plan setting an `ExportOptions` field feeds, where the names differ.
 _SETTING_OF_OPTION = {"qlinear": "quantization", "qlinear_group_size": "quantization", "qembedding": "quantization",
-                      "qembedding_group_size": "quantization", "qlinear_8bit_layers": "quantization"}  # fmt: skip
+                      "qembedding_group_size": "quantization", "qlinear_8bit_layers": "quantization",
+                      "qlinear_method": "quantization", "calibration_data": "quantization"}  # fmt: skip
 
 
 def _apply_extension_defaults(options, export_config) -> Dict[str, str]:
@@ -160,6 +161,11 @@ def make_plan(options) -> ExportPlan:
         raise ValueError(
             f"'{options.model}' is already quantized with torchao ({', '.join(prequantized['configs'])}). Drop "
             "--qlinear / --qembedding to export it as it is, or quantize the unquantized checkpoint."
+        )
+    if quantization.linear_method == "gptq" and not task_spec.llm_runner:
+        raise ValueError(
+            f"qlinear_method gptq calibrates by running the model on text, which this exporter does for "
+            f"text-generation only (this export is {task_spec.name}). Use --qlinear_method rtn."
         )
     custom_sdpa, sdpa_source = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
     custom_kv_cache, cache_source = _resolve_custom_kv_cache(options, custom_sdpa)

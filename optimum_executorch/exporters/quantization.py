@@ -10,13 +10,18 @@ Schemes:
 Mixed: with 8da4w, `linear_8bit_layers` names linears (by the last part of their module name, e.g.
 `down_proj`, `lm_head`) that get 8da8w instead, the way llama.cpp's "K_M" formats keep the sensitive
 layers at more bits.
+Rounding (`linear_method`): "rtn" rounds each weight to the nearest level of its group (torchao's default);
+"gptq" chooses the levels with GPTQ on calibration text (see `gptq.py`): same tensors, same kernels, better
+values, at the cost of one calibration pass at export.
 Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
 for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
 """
 
 import logging
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from ..utils import suggest
@@ -32,6 +37,7 @@ WEIGHT_ONLY_LINEAR_SCHEMES = {"4w": "8da4w", "8w": "8da8w"}
 # embedding kernel disagree with torchao's reference (2e-2 of the largest logit from the first such token on
 # a tiny llama; exact when the embedding is the only quantized layer). Offer it again with a test that passes.
 EMBEDDING_SCHEMES = {"8w": 8}
+LINEAR_METHODS = ("rtn", "gptq")
 # Kernels the program needs when embeddings are quantized (imported by the runtime before loading).
 QUANTIZED_KERNEL_LIBRARY = "executorch.kernels.quantized"
 
@@ -56,6 +62,8 @@ class QuantizationSpec:
         embedding_group_size: group size of the embedding weights (0: per row).
         linear_8bit_layers: with `linear="8da4w"`, names of linears kept at 8da8w (per channel): a linear
             matches when its module name is the given name or ends with "." + name.
+        linear_method: how the quantized linear weights are rounded: "rtn" (round to nearest) or "gptq".
+        calibration_data: with "gptq", a UTF-8 text file to calibrate on; `None`: text the model samples itself.
     """
 
     linear: Optional[str] = None
@@ -63,6 +71,8 @@ class QuantizationSpec:
     embedding: Optional[str] = None
     embedding_group_size: int = 0
     linear_8bit_layers: Optional[Tuple[str, ...]] = None
+    linear_method: str = "rtn"
+    calibration_data: Optional[str] = None
 
     def __post_init__(self):
         if self.linear in WEIGHT_ONLY_LINEAR_SCHEMES:
@@ -103,6 +113,24 @@ class QuantizationSpec:
                     f"got {self.linear_8bit_layers!r}."
                 )
             object.__setattr__(self, "linear_8bit_layers", names)
+        self._check_method()
+
+    def _check_method(self) -> None:
+        if self.linear_method not in LINEAR_METHODS:
+            raise ValueError(
+                f"qlinear_method '{self.linear_method}' is not supported.{suggest(self.linear_method, LINEAR_METHODS)} "
+                f"Choose one of: {', '.join(LINEAR_METHODS)}."
+            )
+        if self.linear_method == "gptq" and self.linear is None:
+            raise ValueError("qlinear_method gptq rounds quantized linear weights: it needs --qlinear (8da4w or 8da8w).")
+        if self.calibration_data is not None:
+            if self.linear_method != "gptq":
+                raise ValueError("calibration_data is read by GPTQ only: add --qlinear_method gptq, or drop it.")
+            if not Path(self.calibration_data).is_file():
+                raise ValueError(
+                    f"calibration_data '{self.calibration_data}' is not a file: pass a UTF-8 text file, or leave it "
+                    "out to calibrate on text the model samples itself."
+                )
 
     @property
     def enabled(self) -> bool:
@@ -114,15 +142,17 @@ class QuantizationSpec:
     def kernel_libraries(self):
         return [QUANTIZED_KERNEL_LIBRARY] if self.embedding else []
 
-    def apply(self, model) -> Dict[str, int]:
-        """Quantizes `model` in place. Returns how many layers got each treatment."""
+    def apply(self, model, tokenizer=None) -> Dict[str, int]:
+        """Quantizes `model` in place. Returns how many layers got each treatment. `tokenizer` reads
+        `calibration_data` for GPTQ."""
         import torch
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerAxis, PerGroup
 
         summary: Dict[str, int] = {}
+        linear_layouts: Dict[str, Tuple[int, int]] = {}  # linear name -> (bits, group size or 0)
 
-        def quantize_layers(kind, layer_type, in_dim, group_size, make_config, select=lambda module: True):
+        def quantize_layers(kind, layer_type, in_dim, group_size, make_config, select=lambda module: True, bits=None):
             groups = {}
             for name, module in model.named_modules():
                 if type(module) is not layer_type or not select(module):
@@ -132,12 +162,27 @@ class QuantizationSpec:
                 if group_size and not use_group:
                     logger.info("%s '%s' (%d inputs): group size %d does not fit, per-channel.", kind, name, size, group_size)
                 groups.setdefault(use_group, set()).add(name)
+                if bits:
+                    linear_layouts[name] = (bits, use_group)
             for use_group, names in groups.items():
                 granularity = PerGroup(use_group) if use_group else PerAxis(0)
                 quantize_(model, make_config(granularity), filter_fn=lambda m, fqn, names=names: fqn in names)
                 key = f"{kind}_{'group' + str(use_group) if use_group else 'per_channel'}"
                 summary[key] = len(names)
 
+        def linear_config(bits):
+            return lambda g: Int8DynamicActivationIntxWeightConfig(weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g)
+
+        eight_bit = self._linears_kept_at_8_bits(model) if self.linear else set()
+        float_linears, hessians = {}, {}
+        if self.linear_method == "gptq":
+            from .gptq import calibration_batches, input_hessians
+
+            float_linears = {name: m.weight.detach() for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+            start = time.perf_counter()
+            batches = calibration_batches(model, tokenizer, self.calibration_data)
+            hessians = input_hessians(model, batches, list(float_linears))
+            logger.info("GPTQ: input statistics of %d linears in %.1f s.", len(hessians), time.perf_counter() - start)
         if self.embedding:
             # Token embedding tables only (the input embedding and its tied copies): small position or bias
             # tables (T5's relative attention buckets) stay in float.
@@ -156,15 +201,9 @@ class QuantizationSpec:
                 select=lambda module: module.num_embeddings == vocab_size,
             )
         if self.linear:
-            eight_bit = self._linears_kept_at_8_bits(model)
-
-            def linear_config(bits):
-                return lambda g: Int8DynamicActivationIntxWeightConfig(
-                    weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g
-                )
-
             if eight_bit:
-                quantize_layers("linear_8bit", torch.nn.Linear, 1, 0, linear_config(8), select=lambda m: m in eight_bit)
+                select = lambda m: m in eight_bit  # noqa: E731
+                quantize_layers("linear_8bit", torch.nn.Linear, 1, 0, linear_config(8), select=select, bits=8)
             bits = LINEAR_SCHEMES[self.linear]
             quantize_layers(
                 "linear",
@@ -173,7 +212,15 @@ class QuantizationSpec:
                 self.linear_group_size,
                 linear_config(bits),
                 select=lambda module: module not in eight_bit,
+                bits=bits,
             )
+        if hessians:
+            from .gptq import requantize
+
+            start = time.perf_counter()
+            requantize(model, {name: (float_linears[name], hessians[name]) + linear_layouts[name] for name in hessians
+                               if name in linear_layouts})  # fmt: skip
+            logger.info("GPTQ: rounded %d linears in %.1f s.", len(hessians), time.perf_counter() - start)
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
 
