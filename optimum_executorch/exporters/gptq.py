@@ -141,15 +141,12 @@ def calibration_batches(model, tokenizer, path: Optional[str]) -> List[torch.Ten
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
         first = torch.randint(0, model.config.get_text_config().vocab_size, (CALIBRATION_SEQUENCES, 1), generator=generator)
-        sequences = []
-        with torch.no_grad():
-            for batch in first.split(CALIBRATION_SEQUENCES // 2):
-                torch.manual_seed(len(sequences))
-                out = model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
-                                     top_k=0, top_p=1.0, min_new_tokens=CALIBRATION_LENGTH - 1,
-                                     max_new_tokens=CALIBRATION_LENGTH - 1, pad_token_id=0)  # fmt: skip
-                sequences.extend(out[:, :CALIBRATION_LENGTH])
-        sequences = torch.stack(sequences)
+        # One batch: on two cores 32 sequences at once beat two batches of 16 by ~20%.
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            sequences = model.generate(first, attention_mask=torch.ones_like(first), do_sample=True, temperature=1.0,
+                                       top_k=0, top_p=1.0, min_new_tokens=CALIBRATION_LENGTH - 1,
+                                       max_new_tokens=CALIBRATION_LENGTH - 1, pad_token_id=0)[:, :CALIBRATION_LENGTH]  # fmt: skip
         logger.info("GPTQ: sampled %d calibration sequences of %d tokens in %.1f s.", *sequences.shape,
                     time.perf_counter() - start)  # fmt: skip
     return list(sequences.split(_BATCH))
