@@ -82,7 +82,7 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         metavar="TEXT_FILE",
         help="With --qlinear_method gptq: a UTF-8 text file to calibrate on (default: text the model samples itself).",
     )
-    optional.add_argument("--qembedding", default=None, help="Quantize embeddings: 8w (torchao).")
+    optional.add_argument("--qembedding", default=None, help="Quantize embeddings: 4w or 8w (torchao).")
     optional.add_argument(
         "--qembedding_group_size", type=int, default=0, help="Group size of quantized embedding weights (0: per row)."
     )

@@ -40,7 +40,7 @@ class ExportOptions:
             (GPTQ on calibration text, text-generation only).
         calibration_data: with `qlinear_method="gptq"`, a UTF-8 text file to calibrate on; `None`: text the model
             samples itself.
-        qembedding: quantize the embeddings (`8w`).
+        qembedding: quantize the embeddings (`4w`, `8w`).
         qembedding_group_size: group size of the quantized embedding weights (default 0: per row).
         custom_sdpa: attention through ExecuTorch's `custom_sdpa` op with an in-place `[B, S, H, D]`
             KV cache. `None` (default): on where the recipe and the model support it.
