@@ -120,33 +120,38 @@ def input_hessians(model, batches: Iterable[torch.Tensor], names: List[str]) -> 
 
 
 def calibration_batches(model, tokenizer, path: Optional[str]) -> List[torch.Tensor]:
-    """Token batches [4, CALIBRATION_LENGTH] to calibrate on: from the text file `path`, or sampled from the model.
+    """Token batches [4, <= CALIBRATION_LENGTH] to calibrate on: from the text file `path`, or sampled from the model.
 
     Sampling (temperature 1 from a random first token, seeded) needs no dataset and follows the model's own
     distribution of text; a file of text like the one the model will see does at least as well."""
+    # Models with fewer positions (learned position tables) calibrate on shorter sequences.
+    positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    length = min(CALIBRATION_LENGTH, positions or CALIBRATION_LENGTH)
     if path is not None:
+        if tokenizer is None:
+            raise ValueError(f"calibration_data '{path}' needs the model's tokenizer, which could not be loaded.")
         text = Path(path).read_text(encoding="utf-8")
         ids = tokenizer(text, return_tensors="pt").input_ids[0]
-        count = min(CALIBRATION_SEQUENCES, ids.numel() // CALIBRATION_LENGTH)
+        count = min(CALIBRATION_SEQUENCES, ids.numel() // length)
         if count == 0:
             raise ValueError(
-                f"calibration_data '{path}' holds {ids.numel()} tokens; GPTQ needs at least {CALIBRATION_LENGTH} "
-                f"(best {CALIBRATION_SEQUENCES * CALIBRATION_LENGTH}). Pass a longer text file."
+                f"calibration_data '{path}' holds {ids.numel()} tokens; GPTQ needs at least {length} "
+                f"(best {CALIBRATION_SEQUENCES * length}). Pass a longer text file."
             )
         if count < CALIBRATION_SEQUENCES:
-            logger.warning("calibration_data gives %d sequences of %d tokens (%d wanted).", count, CALIBRATION_LENGTH,
+            logger.warning("calibration_data gives %d sequences of %d tokens (%d wanted).", count, length,
                            CALIBRATION_SEQUENCES)  # fmt: skip
-        sequences = ids[: count * CALIBRATION_LENGTH].reshape(count, CALIBRATION_LENGTH)
+        sequences = ids[: count * length].reshape(count, length)
     else:
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
         first = torch.randint(0, model.config.get_text_config().vocab_size, (CALIBRATION_SEQUENCES, 1), generator=generator)
         # One batch: on two cores 32 sequences at once beat two batches of 16 by ~20%.
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(0)
+            torch.default_generator.manual_seed(0)  # the CPU generator only: the one fork_rng restores
             sequences = model.generate(first, attention_mask=torch.ones_like(first), do_sample=True, temperature=1.0,
-                                       top_k=0, top_p=1.0, min_new_tokens=CALIBRATION_LENGTH - 1,
-                                       max_new_tokens=CALIBRATION_LENGTH - 1, pad_token_id=0)[:, :CALIBRATION_LENGTH]  # fmt: skip
+                                       top_k=0, top_p=1.0, min_new_tokens=length - 1,
+                                       max_new_tokens=length - 1, pad_token_id=0)[:, :length]  # fmt: skip
         logger.info("GPTQ: sampled %d calibration sequences of %d tokens in %.1f s.", *sequences.shape,
                     time.perf_counter() - start)  # fmt: skip
     return list(sequences.split(_BATCH))

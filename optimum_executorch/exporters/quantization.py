@@ -222,7 +222,7 @@ class QuantizationSpec:
             start = time.perf_counter()
             requantize(model, {name: (float_linears[name], hessians[name]) + linear_layouts[name] for name in hessians
                                if name in linear_layouts})  # fmt: skip
-            logger.info("GPTQ: rounded %d linears in %.1f s.", len(hessians), time.perf_counter() - start)
+            logger.info("GPTQ: rounded %d linears in %.1f s.", len(linear_layouts), time.perf_counter() - start)
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
 
