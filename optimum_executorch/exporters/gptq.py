@@ -125,7 +125,8 @@ def calibration_batches(model, tokenizer, path: Optional[str]) -> List[torch.Ten
     Sampling (temperature 1 from a random first token, seeded) needs no dataset and follows the model's own
     distribution of text; a file of text like the one the model will see does at least as well."""
     # Models with fewer positions (learned position tables) calibrate on shorter sequences.
-    positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    text_config = model.config.get_text_config()
+    positions = getattr(text_config, "max_position_embeddings", None)
     length = min(CALIBRATION_LENGTH, positions or CALIBRATION_LENGTH)
     if path is not None:
         if tokenizer is None:
@@ -145,7 +146,7 @@ def calibration_batches(model, tokenizer, path: Optional[str]) -> List[torch.Ten
     else:
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
-        first = torch.randint(0, model.config.get_text_config().vocab_size, (CALIBRATION_SEQUENCES, 1), generator=generator)
+        first = torch.randint(0, text_config.vocab_size, (CALIBRATION_SEQUENCES, 1), generator=generator)
         # One batch: on two cores 32 sequences at once beat two batches of 16 by ~20%.
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.default_generator.manual_seed(0)  # the CPU generator only: the one fork_rng restores
