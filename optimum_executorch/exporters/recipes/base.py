@@ -1,5 +1,6 @@
 """`Recipe`: lowers `torch.export` programs to one ExecuTorch program for a backend."""
 
+import contextlib
 import logging
 import time
 from typing import Any, Dict, List
@@ -23,6 +24,10 @@ class Recipe:
     def partitioners(self) -> List[Any]:
         return []
 
+    def lowering_context(self):
+        """A context the edge lowering runs in (the backend's speed-ups of ExecuTorch's own steps)."""
+        return contextlib.nullcontext()
+
     def lower(
         self,
         programs: Dict[str, "torch.export.ExportedProgram"],
@@ -43,12 +48,13 @@ class Recipe:
         if external_weights:
             for program in programs.values():
                 _tag_weights_for_delegates(program)
-        edge = to_edge_transform_and_lower(
-            programs,
-            partitioner=self.partitioners(),
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
-            constant_methods=constant_methods,
-        )
+        with self.lowering_context():
+            edge = to_edge_transform_and_lower(
+                programs,
+                partitioner=self.partitioners(),
+                compile_config=EdgeCompileConfig(_check_ir_validity=False),
+                constant_methods=constant_methods,
+            )
         program = edge.to_executorch(
             ExecutorchBackendConfig(
                 extract_delegate_segments=True,

@@ -13,6 +13,11 @@ class XnnpackRecipe(Recipe):
     def partitioners(self):
         return [_checked_once_partitioner()]
 
+    def lowering_context(self):
+        from .xnnpack_passes import skip_idle_retraces
+
+        return skip_idle_retraces()
+
 
 def _checked_once_partitioner():
     """XNNPACK's partitioner, telling the edge lowering when none of its ops needs the per-node check.

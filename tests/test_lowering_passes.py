@@ -1,0 +1,86 @@
+"""The XNNPACK lowering without idle re-traces (recipes/xnnpack_passes.py) writes the same bytes as ExecuTorch's
+own, and skips most re-traces."""
+
+import contextlib
+
+import pytest
+import torch
+
+from optimum.executorch import main_export
+from optimum_executorch.exporters.recipes import get_recipe
+from optimum_executorch.exporters.recipes.xnnpack import XnnpackRecipe
+
+
+class _EveryPass(torch.nn.Module):
+    """Ops that XNNPACK's passes rewrite: conv + batch norm, conv1d, activations to fuse, a concatenation of
+    more than five inputs, padding, bilinear upsampling, PReLU, attention as matmul + softmax, a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.conv1d = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.prelu = torch.nn.PReLU()
+        self.proj = torch.nn.Linear(8, 8)
+        with torch.no_grad():
+            self.norm.running_mean.uniform_(-1, 1)
+            self.norm.running_var.uniform_(0.5, 2)
+
+    def forward(self, x, q, k, v):
+        y = torch.nn.functional.hardtanh(self.norm(self.conv(x)), 0.0, 6.0)
+        y = torch.nn.functional.pad(y, (1, 1, 1, 1))
+        y = torch.nn.functional.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+        y = self.prelu(y)
+        z = self.conv1d(y.flatten(2)[:, :, :16])
+        z = torch.cat([torch.relu(z[:, :, i : i + 2]) for i in range(7)], dim=-1)
+        scores = torch.softmax(q @ k.transpose(-1, -2) * 0.35, dim=-1)
+        attention = self.proj(scores @ v) + torch.ones(8) * 2
+        return z, attention
+
+
+FAST_CONTEXT = XnnpackRecipe.lowering_context
+
+
+def _use_fast_lowering(monkeypatch, fast):
+    plain = lambda self: contextlib.nullcontext()  # noqa: E731  (ExecuTorch's lowering as it ships)
+    monkeypatch.setattr(XnnpackRecipe, "lowering_context", FAST_CONTEXT if fast else plain)
+
+
+@pytest.fixture()
+def count_retraces(monkeypatch):
+    from executorch.exir.pass_base import ExportPass
+
+    calls = []
+    original = ExportPass.call
+
+    def counted(self, graph_module):
+        calls.append(type(self).__name__)
+        return original(self, graph_module)
+
+    monkeypatch.setattr(ExportPass, "call", counted)
+    return calls
+
+
+def test_every_pass_program_is_lowered_to_the_same_bytes(monkeypatch):
+    model = _EveryPass().eval()
+    inputs = (torch.randn(1, 3, 6, 6), torch.randn(1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8))
+    program = torch.export.export(model, inputs)
+    buffers = []
+    for fast in (False, True):
+        _use_fast_lowering(monkeypatch, fast)
+        buffers.append(get_recipe("xnnpack").lower({"forward": program}, {}).buffer)
+    assert buffers[0] == buffers[1]
+
+
+def test_llama_8da4w_is_lowered_to_the_same_bytes_with_fewer_retraces(tiny_llama_dir, tmp_path, monkeypatch,
+                                                                     count_retraces):
+    options = dict(max_seq_len=32, qlinear="8da4w", qembedding="8w")
+    _use_fast_lowering(monkeypatch, False)
+    plain = main_export(tiny_llama_dir, tmp_path / "plain", **options)
+    retraces_plain = len(count_retraces)
+    _use_fast_lowering(monkeypatch, True)
+    count_retraces.clear()
+    fast = main_export(tiny_llama_dir, tmp_path / "fast", **options)
+    assert (fast / "model.pte").read_bytes() == (plain / "model.pte").read_bytes()
+    # Each XNNPACK partition is re-traced once instead of by every pass (about 15 times).
+    assert len(count_retraces) < retraces_plain / 2, (len(count_retraces), retraces_plain)
