@@ -1,5 +1,5 @@
 """The XNNPACK lowering without idle re-traces (recipes/xnnpack_passes.py) writes the same bytes as ExecuTorch's
-own, and skips most re-traces."""
+own, with one whole-program decomposition instead of two and one re-trace per partition instead of ~15."""
 
 import contextlib
 
@@ -48,16 +48,22 @@ def _use_fast_lowering(monkeypatch, fast):
 
 @pytest.fixture()
 def count_retraces(monkeypatch):
+    """Counts partition re-traces (`ExportPass.call`) and decompositions of programs of over 100 nodes."""
     from executorch.exir.pass_base import ExportPass
 
-    calls = []
-    original = ExportPass.call
+    calls = {"retrace": 0, "decompose": 0}
+    retrace, decompose = ExportPass.call, torch.export.ExportedProgram.run_decompositions
 
-    def counted(self, graph_module):
-        calls.append(type(self).__name__)
-        return original(self, graph_module)
+    def counted_retrace(self, graph_module):
+        calls["retrace"] += 1
+        return retrace(self, graph_module)
 
-    monkeypatch.setattr(ExportPass, "call", counted)
+    def counted_decompose(self, *args, **kwargs):
+        calls["decompose"] += len(self.graph.nodes) > 100
+        return decompose(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExportPass, "call", counted_retrace)
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted_decompose)
     return calls
 
 
@@ -72,15 +78,17 @@ def test_every_pass_program_is_lowered_to_the_same_bytes(monkeypatch):
     assert buffers[0] == buffers[1]
 
 
-def test_llama_8da4w_is_lowered_to_the_same_bytes_with_fewer_retraces(tiny_llama_dir, tmp_path, monkeypatch,
-                                                                     count_retraces):
+def test_llama_8da4w_is_lowered_to_the_same_bytes_once_decomposed_and_with_fewer_retraces(
+    tiny_llama_dir, tmp_path, monkeypatch, count_retraces
+):
     options = dict(max_seq_len=32, qlinear="8da4w", qembedding="8w")
     _use_fast_lowering(monkeypatch, False)
     plain = main_export(tiny_llama_dir, tmp_path / "plain", **options)
-    retraces_plain = len(count_retraces)
+    counts_plain = dict(count_retraces)
     _use_fast_lowering(monkeypatch, True)
-    count_retraces.clear()
+    count_retraces.update(retrace=0, decompose=0)
     fast = main_export(tiny_llama_dir, tmp_path / "fast", **options)
     assert (fast / "model.pte").read_bytes() == (plain / "model.pte").read_bytes()
     # Each XNNPACK partition is re-traced once instead of by every pass (about 15 times).
-    assert len(count_retraces) < retraces_plain / 2, (len(count_retraces), retraces_plain)
+    assert count_retraces["retrace"] < counts_plain["retrace"] / 2, (count_retraces, counts_plain)
+    assert (counts_plain["decompose"], count_retraces["decompose"]) == (2, 1)

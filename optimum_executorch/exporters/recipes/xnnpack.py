@@ -14,9 +14,9 @@ class XnnpackRecipe(Recipe):
         return [_checked_once_partitioner()]
 
     def lowering_context(self):
-        from .xnnpack_passes import skip_idle_retraces
+        from .xnnpack_passes import faster_lowering
 
-        return skip_idle_retraces()
+        return faster_lowering()
 
 
 def _checked_once_partitioner():
@@ -47,5 +47,12 @@ def _checked_once_partitioner():
             # No kept node found: an edge-dialect program (the check after lowering) or nothing to keep.
             linears_only = bool(nodes) and all(n.target is linear or n.target.namespace == "torchao" for n in nodes)
             return ops, (None if linears_only and all(check(node) for node in nodes) else check)
+
+        def transform_for_pre_decomposition(self, ep):
+            from .xnnpack_passes import decompose_at_once
+
+            ep = super().transform_for_pre_decomposition(ep)
+            decompose_at_once(ep, self)
+            return ep
 
     return CheckedOncePartitioner()

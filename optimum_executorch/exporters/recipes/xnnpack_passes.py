@@ -1,23 +1,32 @@
-"""XNNPACK's per-partition passes without the re-traces that cannot change anything.
+"""XNNPACK's lowering without the whole-graph re-traces that cannot change its result.
 
-`XnnpackBackend.preprocess` runs 17 graph passes over every partition before it serializes it. Almost
-every pass ends by re-tracing the whole partition with fake tensors (`ExportPass.call`), whether or not it
-changed the graph, and that re-trace is most of the lowering of a transformers decoder: a 4-layer
-SmolLM2-shaped 8da4w export spent 26 of its 61 s there (23 partitions x 17 passes), while serializing
-the partitions took ~1 s. A re-trace of a graph that no pass touched since the previous re-trace returns the
-same graph, so it is skipped here; a pass whose patterns need an op the partition does not contain is
-skipped whole when nothing else is pending. What runs is otherwise unchanged, and the delegate bytes are
-the same (tested).
+Two shortcuts, both active only inside `faster_lowering()` (the XNNPACK recipe's lowering context), both
+writing the same program bytes as ExecuTorch's own lowering (tested):
 
-Decisions, from the partition's own graph:
-- `ExportPass.call` (the re-trace, called by a pass at its end) is skipped when the graph's structure
-  (every node's name, op, target, arguments) equals the structure the previous re-trace returned, unless
-  the pass does its work inside the re-trace (overrides `call_operator` or another interpreter hook).
-- Of the passes that work inside the re-trace, two are known to be idle on a given graph:
-  `DimOrderOpsRevertPass` without dim-order ops, `ConstPropPass` without a node that has no tensor inputs
-  (it folds only nodes whose inputs are all constants, and a partition's inputs are placeholders).
-- `ConvertToUpsampleBilinear2d` and `ConvertToSDPAPass` match subgraph patterns; a pattern can only match
-  when every op it contains is in the partition.
+1. One decomposition instead of two. `to_edge_transform_and_lower` first functionalizes the program
+   (`run_decompositions({})`, a full re-trace), then decomposes it with the default table less the ops the
+   partitioner keeps (a second full re-trace). ExecuTorch skips the second when no op of the table is left,
+   but `sym_size` (in the table, never decomposed) is in every program with a dynamic length, so it always
+   runs. The partitioner marks the program (`decompose_at_once`): its functionalization runs the second
+   table too (which also functionalizes), and the second call, asked for the same table, returns the
+   program as it is. When the partitioner turns out to need its per-node check on the result (ExecuTorch's
+   other path), the plain functionalization runs instead and nothing else changes.
+
+2. XNNPACK's per-partition passes without their idle re-traces. `XnnpackBackend.preprocess` runs 17 graph
+   passes over every partition before it serializes it. Almost every pass ends by re-tracing the whole
+   partition with fake tensors (`ExportPass.call`), whether or not it changed the graph: a 4-layer
+   SmolLM2-shaped 8da4w export spent 26 of its 61 s there (23 partitions x 17 passes), while serializing
+   the partitions took ~1 s. A re-trace of a graph that no pass touched since the previous re-trace
+   returns the same graph, so it is skipped; a pass whose patterns need an op the partition does not
+   contain is skipped whole when nothing else is pending. Decisions, from the partition's own graph:
+   - `ExportPass.call` (the re-trace, called by a pass at its end) is skipped when the graph's structure
+     (every node's name, op, target, arguments) equals the structure the previous re-trace returned,
+     unless the pass does its work inside the re-trace (overrides `call_operator` or another hook).
+   - Of the passes that work inside the re-trace, two are known to be idle on a given graph:
+     `DimOrderOpsRevertPass` without dim-order ops, `ConstPropPass` without a node that has no tensor
+     inputs (it folds only nodes whose inputs are all constants; a partition's inputs are placeholders).
+   - `ConvertToUpsampleBilinear2d` and `ConvertToSDPAPass` match subgraph patterns; a pattern can only
+     match when every op it contains is in the partition.
 """
 
 import contextlib
@@ -131,19 +140,58 @@ def _transform(original):
     return transform
 
 
+_DECOMPOSITIONS = "_optimum_executorch_decompositions"
+_DECOMPOSED = "_optimum_executorch_decomposed"
+
+
+def decompose_at_once(program, partitioner) -> None:
+    """Marks `program` so that its functionalization also runs the decompositions that would follow it when
+    `partitioner` turns out to have no per-node check on the result (ExecuTorch's path that skips a
+    decomposition with nothing to do); with a check, the plain functionalization is run instead."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    kept_ops, _ = partitioner.ops_to_not_decompose(program)
+    table = _default_decomposition_table()
+    for op in kept_ops:
+        table.pop(op, None)
+    setattr(program, _DECOMPOSITIONS, (table, lambda result: partitioner.ops_to_not_decompose(result)[1] is None))
+
+
+def _decompositions(original):
+    def run_decompositions(self, decomp_table=None, *args, **kwargs):
+        marked = self.__dict__.pop(_DECOMPOSITIONS, None)
+        done = self.__dict__.pop(_DECOMPOSED, None)
+        if marked is not None and decomp_table is not None and len(decomp_table) == 0:
+            table, without_check = marked
+            result = original(self, table, *args, **kwargs)
+            if without_check(result):
+                setattr(result, _DECOMPOSED, frozenset(table))
+                return result
+        elif done is not None and decomp_table is not None and set(decomp_table) <= done and not args and not kwargs:
+            # Decomposed by this table already: what is left of it (`sym_size`, which ExecuTorch's own "nothing to
+            # decompose" test counts) does not decompose, so a second re-trace would return the same program.
+            return self
+        return original(self, decomp_table, *args, **kwargs)
+
+    return run_decompositions
+
+
 @contextlib.contextmanager
-def skip_idle_retraces():
-    """Within this block, XNNPACK's preprocess skips the re-traces and passes that cannot change a partition."""
+def faster_lowering():
+    """Within this block, the edge lowering decomposes marked programs once, and XNNPACK's preprocess skips the
+    re-traces and passes that cannot change a partition."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from executorch.exir.pass_base import ExportPass
+    from torch.export import ExportedProgram
 
     if hasattr(XNNPACKPassManager.transform, "_optimum_executorch_original"):  # already active (nested)
         yield
         return
-    original_transform, original_call = XNNPACKPassManager.transform, ExportPass.call
-    XNNPACKPassManager.transform = _transform(original_transform)
-    ExportPass.call = _retrace(original_call)
+    originals = XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions
+    XNNPACKPassManager.transform = _transform(originals[0])
+    ExportPass.call = _retrace(originals[1])
+    ExportedProgram.run_decompositions = _decompositions(originals[2])
     try:
         yield
     finally:
-        XNNPACKPassManager.transform, ExportPass.call = original_transform, original_call
+        XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions = originals
