@@ -13,7 +13,8 @@ from optimum_executorch.exporters.recipes.xnnpack import XnnpackRecipe
 
 class _EveryPass(torch.nn.Module):
     """Ops that XNNPACK's passes rewrite: conv + batch norm, conv1d, activations to fuse, a concatenation of
-    more than five inputs, padding, bilinear upsampling, PReLU, attention as matmul + softmax, a constant."""
+    more than five inputs, padding, bilinear upsampling, PReLU, attention as matmul + softmax, a constant, a
+    transpose (`aten.t`), a binary operator on mixed dtypes."""
 
     def __init__(self):
         super().__init__()
@@ -35,6 +36,7 @@ class _EveryPass(torch.nn.Module):
         z = torch.cat([torch.relu(z[:, :, i : i + 2]) for i in range(7)], dim=-1)
         scores = torch.softmax(q @ k.transpose(-1, -2) * 0.35, dim=-1)
         attention = self.proj(scores @ v) + torch.ones(8) * 2
+        attention = attention @ self.proj.weight.t() + torch.arange(8)
         return z, attention
 
 
