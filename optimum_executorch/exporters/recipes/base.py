@@ -55,15 +55,15 @@ class Recipe:
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
                 constant_methods=constant_methods,
             )
-        program = edge.to_executorch(
-            ExecutorchBackendConfig(
-                extract_delegate_segments=True,
-                # Folds torchao's dequantize + embedding into ExecuTorch's quantized embedding kernels.
-                do_quant_fusion_and_const_prop=True,
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=True, alloc_graph_output=True),
-                external_constants=(lambda node: WEIGHTS_TAG) if external_weights else False,
+            program = edge.to_executorch(
+                ExecutorchBackendConfig(
+                    extract_delegate_segments=True,
+                    # Folds torchao's dequantize + embedding into ExecuTorch's quantized embedding kernels.
+                    do_quant_fusion_and_const_prop=True,
+                    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=True, alloc_graph_output=True),
+                    external_constants=(lambda node: WEIGHTS_TAG) if external_weights else False,
+                )
             )
-        )
         logger.info("Lowered in %.1f s.", time.perf_counter() - start)
         return program
 

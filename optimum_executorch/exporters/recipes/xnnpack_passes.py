@@ -34,7 +34,8 @@ export: 61 s -> 26 s.
    when provably idle and the graph is as the previous re-trace left it: `NormalizeTransposePass` (no
    `aten.t`), `ReplaceBrokenOpsWithFunctionalOpsPass` (no view operator left), `SymToTensorPass` (no
    symbolic value where a Tensor is expected), `RemoveMixedTypeOperators` (the inputs of its binary
-   operators already have their promoted dtype).
+   operators already have their promoted dtype). Likewise the bare re-trace that `SpecPropPass` runs in
+   `to_executorch` right after another re-trace.
 """
 
 import contextlib
@@ -199,6 +200,7 @@ def _patterns_absent(pass_type, graph_module) -> bool:
 
 def _retrace(original):
     def call(self, graph_module):
+        from executorch.exir.pass_base import ExportPass
         from torch.fx.passes.infra.pass_base import PassResult
 
         if not getattr(_state, "lowering", False):
@@ -207,8 +209,9 @@ def _retrace(original):
         if last is not None:
             if _works_in_retrace(type(self)):
                 skip = _idle_in_retrace(self, graph_module)
-            else:  # a pass that did its work before calling the re-trace: idle when the graph is unchanged
-                skip = getattr(_state, "partition", False)
+            else:  # a pass that did its work before calling the re-trace (or none: a bare `ExportPass`, which
+                # `SpecPropPass` runs to refresh the metadata) is idle when the graph is unchanged
+                skip = getattr(_state, "partition", False) or type(self) is ExportPass
             if skip and _structure(graph_module) == last:
                 return PassResult(graph_module, False)
         result = original(self, graph_module)
