@@ -2,7 +2,7 @@
 
 Three shortcuts, all active only inside `faster_lowering()` (the XNNPACK recipe's lowering context), all
 writing the same program bytes as ExecuTorch's own lowering (tested). A 4-layer SmolLM2-shaped 8da4w
-export: 61 s -> 26 s; SmolLM2-135M 8da4w: 309 s -> 220 s.
+export: 61 s -> 26 s; SmolLM2-135M 8da4w: 462 s -> 220 s.
 
 1. One decomposition instead of two. `to_edge_transform_and_lower` first functionalizes the program
    (`run_decompositions({})`, a full re-trace), then decomposes it with the default table less the ops the
