@@ -61,7 +61,7 @@ def _structure(graph_module) -> tuple:
 
 
 def _call_targets(graph_module) -> set:
-    return {node.target for node in graph_module.graph.nodes if node.op == "call_function"}
+    return {node.target for node in _operator_nodes(graph_module)}
 
 
 def _works_in_retrace(pass_type) -> bool:
@@ -220,7 +220,6 @@ def _retrace(original):
         _state.last = _structure(result.graph_module)
         return result
 
-    call._optimum_executorch_original = original
     return call
 
 
@@ -249,8 +248,7 @@ def _transform(original):
         try:
             ep = self.exported_program
             for pass_type in self.passes:
-                if (_state.last is not None and _patterns_absent(pass_type, ep.graph_module)
-                        and _structure(ep.graph_module) == _state.last):
+                if _patterns_absent(pass_type, ep.graph_module) and _structure(ep.graph_module) == _state.last:
                     continue
                 ep = apply_pass(ep, pass_type(ep) if issubclass(pass_type, XNNPACKPass) else pass_type())
             return ep
