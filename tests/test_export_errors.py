@@ -1,5 +1,6 @@
 """Bad export input: a clear error that names the fix, raised early, and nothing half-written."""
 
+import gc
 import json
 import shutil
 
@@ -68,13 +69,19 @@ def test_non_empty_output_dir_is_refused_unless_overwrite(tiny_llama_dir, tmp_pa
 
 
 def test_failed_lowering_leaves_nothing_behind(tiny_llama_dir, tmp_path, monkeypatch):
+    seen = []
+
     def fail(self, programs, constant_methods, **kwargs):
+        seen.append(gc.get_threshold())
         raise RuntimeError("lowering failed on purpose")
 
     monkeypatch.setattr(Recipe, "lower", fail)
+    before = gc.get_threshold()
     with pytest.raises(RuntimeError, match="on purpose"):
         main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=16)
     assert list(tmp_path.iterdir()) == []
+    # The export runs with fewer garbage collections (convert.py) and gives the process its thresholds back.
+    assert seen[0][0] >= 100_000 and gc.get_threshold() == before
 
 
 def test_failed_write_leaves_previous_output_intact(tiny_llama_export, tmp_path):

@@ -80,6 +80,30 @@ def test_every_pass_program_is_lowered_to_the_same_bytes(monkeypatch):
     assert buffers[0] == buffers[1]
 
 
+def test_partitioned_program_code_is_generated_from_its_final_graph(monkeypatch):
+    # The partitions are cut with one code generation at the end instead of one per partition: once they are
+    # all cut, the program's code is that of its graph.
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.backend import backend_api
+
+    cut, fresh = backend_api._create_partitions, []
+
+    def checked_cut(graph_module, *args, **kwargs):
+        result = cut(graph_module, *args, **kwargs)
+        fresh.append(graph_module.code == graph_module.graph.python_code("self").src)
+        return result
+
+    monkeypatch.setattr(backend_api, "_create_partitions", checked_cut)
+    model = _EveryPass().eval()
+    inputs = (torch.randn(1, 3, 6, 6), torch.randn(1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8))
+    recipe = get_recipe("xnnpack")
+    with recipe.lowering_context():
+        edge = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=recipe.partitioners())
+    assert fresh == [True]
+    assert "executorch_call_delegate" in edge.exported_program().graph_module.code
+    torch.testing.assert_close(edge.exported_program().module()(*inputs), model(*inputs))
+
+
 def test_llama_8da4w_is_lowered_to_the_same_bytes_once_decomposed_and_with_fewer_retraces(
     tiny_llama_dir, tmp_path, monkeypatch, count_retraces
 ):

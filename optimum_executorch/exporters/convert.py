@@ -4,6 +4,8 @@ options -> config -> export config -> eager model -> wrapper -> torch.export -> 
 output directory, written atomically (a failed export leaves nothing behind).
 """
 
+import contextlib
+import gc
 import json
 import logging
 import os
@@ -88,6 +90,24 @@ def _write_output(output_dir: Path, overwrite: bool, write_files) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _fewer_garbage_collections(first_generation: int = 100_000):
+    """Python's cycle collector, at its default thresholds (700, 10, 10), runs a full pass over every live
+    object (the model, each graph, its fake tensors) every few hundred thousand allocations; an export
+    allocates millions of short-lived graph objects: SmolLM2-135M 8da4w spent 29 s of ~200 collecting, 25 s
+    of it in 45 full passes. With the first threshold raised to 50,000-200,000 for the duration of the
+    export: ~10 s, one full pass or none, peak RSS unchanged.
+    The thresholds are restored after; a collector switched off (threshold 0) stays off."""
+    thresholds = gc.get_threshold()
+    if thresholds[0]:
+        gc.set_threshold(max(first_generation, thresholds[0]), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+@_fewer_garbage_collections()
 def main_export(
     model: str,
     output_dir: Union[str, os.PathLike],
