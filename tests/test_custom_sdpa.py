@@ -56,3 +56,23 @@ def test_custom_kv_cache_needs_custom_sdpa(tiny_llama_dir, tmp_path):
     assert not (tmp_path / "et").exists()
     with pytest.raises(ValueError, match="custom_kv_cache applies to custom SDPA only"):
         main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, custom_sdpa=False, custom_kv_cache=False)
+
+
+def test_static_cache_is_exported_strict_because_non_strict_does_not_lower(tiny_llama_dir):
+    """The custom-SDPA wrapper exports non-strict (2-3x faster); transformers' StaticCache wrapper cannot yet:
+    its non-strict program lists each cache tensor twice and the lowering's decomposition rejects it. When this
+    test fails, torch fixed that: drop `strict_export` from the wrapper and this test."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from optimum_executorch.exporters.wrappers.causal_lm import CausalLMExportableModule
+    from optimum_executorch.testing.parity import load_eager
+
+    wrapper = CausalLMExportableModule(load_eager(tiny_llama_dir), max_seq_len=16, custom_sdpa=False)
+    assert wrapper.strict_export is True
+    with torch.no_grad():
+        program = torch.export.export(
+            wrapper, wrapper.example_inputs()["forward"], dynamic_shapes=wrapper.dynamic_shapes()["forward"], strict=False
+        )
+    with pytest.raises(AssertionError, match="compiled_fn"):
+        to_edge_transform_and_lower(program)
+    assert CausalLMExportableModule(load_eager(tiny_llama_dir), max_seq_len=16, custom_sdpa=True).strict_export is False

@@ -53,8 +53,10 @@ def _package_versions() -> Dict[str, str]:
 def export_programs(wrapper) -> Dict[str, "torch.export.ExportedProgram"]:
     """Runs `torch.export` on every method of `wrapper`.
 
-    Export is strict (TorchDynamo): a non-strict export of the transformers decoder exports, but its graph
-    then fails in `to_edge_transform_and_lower` (`expected compiled_fn to be GraphModule`).
+    Export is strict (TorchDynamo) unless the wrapper says `strict_export = False`: a non-strict export
+    runs the module in Python under fake tensors, 2-3x faster (SmolLM2-135M 8da4w: 11-18 s instead of
+    34-40 s), but with transformers' `StaticCache` its program holds each cache tensor twice and fails in
+    `to_edge_transform_and_lower` (`expected compiled_fn to be GraphModule`).
     """
     programs = {}
     example_inputs = wrapper.example_inputs()
@@ -65,7 +67,8 @@ def export_programs(wrapper) -> Dict[str, "torch.export.ExportedProgram"]:
         module = wrapper if name == "forward" else getattr(wrapper, name)
         with torch.no_grad():
             programs[name] = torch.export.export(
-                module, example_inputs[name], dynamic_shapes=dynamic_shapes[name], strict=True
+                module, example_inputs[name], dynamic_shapes=dynamic_shapes[name],
+                strict=getattr(wrapper, "strict_export", True),
             )
         logger.info("Exported '%s' in %.1f s.", name, time.perf_counter() - start)
     return programs

@@ -69,6 +69,12 @@ class CausalLMExportableModule(torch.nn.Module):
         )
         register_cache_buffers(self, self.cache)
 
+    @property
+    def strict_export(self) -> bool:
+        """Non-strict export (faster) when the attention modules own the cache; transformers' `StaticCache`
+        needs strict export (see `convert.export_programs`)."""
+        return not self.custom_sdpa
+
     @classmethod
     def chunk_len_for(cls, max_seq_len: int, **wrapper_kwargs) -> int:
         """The most tokens one call takes (a longer prompt is fed in chunks); subclasses may take fewer."""
