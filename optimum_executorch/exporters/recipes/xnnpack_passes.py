@@ -1,4 +1,4 @@
-"""XNNPACK's lowering without the whole-graph re-traces that cannot change its result.
+"""XNNPACK's lowering without the whole-graph re-traces and code generations that cannot change its result.
 
 Four shortcuts, all active only inside `faster_lowering()` (the XNNPACK recipe's lowering context), all
 writing the same program bytes as ExecuTorch's own lowering (tested). A 4-layer SmolLM2-shaped 8da4w
@@ -338,8 +338,8 @@ def _decompositions(original):
 
 @contextlib.contextmanager
 def faster_lowering():
-    """Within this block, the edge lowering decomposes marked programs once, and XNNPACK's preprocess skips the
-    re-traces and passes that cannot change a partition."""
+    """Within this block, the edge lowering decomposes marked programs once, XNNPACK's preprocess skips the
+    re-traces and passes that cannot change a partition, and the cut program's code is generated once."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from executorch.exir import lowered_backend_module
     from executorch.exir.backend import backend_api
