@@ -60,8 +60,8 @@ def test_custom_kv_cache_needs_custom_sdpa(tiny_llama_dir, tmp_path):
 
 def test_static_cache_is_exported_strict_because_non_strict_does_not_lower(tiny_llama_dir):
     """The custom-SDPA wrapper exports non-strict (2-3x faster); transformers' StaticCache wrapper cannot yet:
-    its non-strict program lists each cache tensor twice and the lowering's decomposition rejects it. When this
-    test fails, torch fixed that: drop `strict_export` from the wrapper and this test."""
+    its non-strict program takes some tensors as two inputs each and the lowering's decomposition rejects it.
+    When this test fails, torch fixed that: drop `strict_export` from the wrapper and this test."""
     from executorch.exir import to_edge_transform_and_lower
 
     from optimum_executorch.exporters.wrappers.causal_lm import CausalLMExportableModule

@@ -55,8 +55,8 @@ def export_programs(wrapper) -> Dict[str, "torch.export.ExportedProgram"]:
 
     Export is strict (TorchDynamo) unless the wrapper says `strict_export = False`: a non-strict export
     runs the module in Python under fake tensors, 2-3x faster (SmolLM2-135M 8da4w: 11-18 s instead of
-    34-40 s), but with transformers' `StaticCache` its program holds each cache tensor twice and fails in
-    `to_edge_transform_and_lower` (`expected compiled_fn to be GraphModule`).
+    34-40 s), but with transformers' `StaticCache` its program takes some tensors twice (the cache's) and
+    fails in `to_edge_transform_and_lower` (`expected compiled_fn to be GraphModule`).
     """
     programs = {}
     example_inputs = wrapper.example_inputs()
