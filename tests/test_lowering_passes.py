@@ -27,6 +27,10 @@ class _EveryPass(torch.nn.Module):
             self.norm.running_mean.uniform_(-1, 1)
             self.norm.running_var.uniform_(0.5, 2)
 
+    @staticmethod
+    def example_inputs():
+        return torch.randn(1, 3, 6, 6), torch.randn(1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+
     def forward(self, x, q, k, v):
         y = torch.nn.functional.hardtanh(self.norm(self.conv(x)), 0.0, 6.0)
         y = torch.nn.functional.pad(y, (1, 1, 1, 1))
@@ -71,7 +75,7 @@ def count_retraces(monkeypatch):
 
 def test_every_pass_program_is_lowered_to_the_same_bytes(monkeypatch):
     model = _EveryPass().eval()
-    inputs = (torch.randn(1, 3, 6, 6), torch.randn(1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8))
+    inputs = _EveryPass.example_inputs()
     program = torch.export.export(model, inputs)
     buffers = []
     for fast in (False, True):
@@ -95,7 +99,7 @@ def test_partitioned_program_code_is_generated_from_its_final_graph(monkeypatch)
 
     monkeypatch.setattr(backend_api, "_create_partitions", checked_cut)
     model = _EveryPass().eval()
-    inputs = (torch.randn(1, 3, 6, 6), torch.randn(1, 5, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8))
+    inputs = _EveryPass.example_inputs()
     recipe = get_recipe("xnnpack")
     with recipe.lowering_context():
         edge = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=recipe.partitioners())
