@@ -48,7 +48,11 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         "encoders and encoder-decoders: 512). Not for image models.",
     )
     optional.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16.")
-    optional.add_argument("--gguf_file", default=None, help="A .gguf file in --model (or a path), dequantized on load.")
+    optional.add_argument(
+        "--gguf_file",
+        default=None,
+        help="A .gguf file in --model (or a path), dequantized on load; with --qlinear 8da4w its 4-bit tensors keep their grid.",
+    )
     optional.add_argument("--revision", default=None, help="Hub revision: branch, tag or commit.")
     optional.add_argument(
         "--trust_remote_code",

@@ -23,6 +23,8 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
+from .quantization import write_quantized_values
+
 logger = logging.getLogger(__name__)
 
 # Calibration: this many sequences of this many tokens (8192 tokens in all).
@@ -167,11 +169,6 @@ def requantize(model, entries) -> None:
         quantized = modules[name].weight
         qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
         ints, scales = gptq_quantize(weight, hessian, group_size or weight.shape[1], qmin, qmax)
-        if quantized.qdata.shape != ints.shape or quantized.scale.numel() != scales.numel():
-            raise RuntimeError(f"GPTQ: unexpected torchao layout for '{name}': {quantized.qdata.shape} / {quantized.scale.shape}.")
-        quantized.qdata.copy_(ints.to(quantized.qdata.dtype))
-        quantized.scale.copy_(scales.reshape(quantized.scale.shape).to(quantized.scale.dtype))
-        if quantized.zero_point is not None:
-            quantized.zero_point.zero_()
+        write_quantized_values(name, quantized, ints, scales)
         if (done + 1) % 50 == 0:
             logger.info("GPTQ: %d/%d linears.", done + 1, len(entries))

@@ -12,7 +12,8 @@ Mixed: with 8da4w, `linear_8bit_layers` names linears (by the last part of their
 layers at more bits.
 Rounding (`linear_method`): "rtn" rounds each weight to the nearest level of its group (torchao's default);
 "gptq" chooses the levels with GPTQ on calibration text (see `gptq.py`): same tensors, same kernels, better
-values, at the cost of one calibration pass at export.
+values, at the cost of one calibration pass at export. With either, 4-bit linears whose weights are already on a
+4-bit grid of the group size (a dequantized GGUF Q4_0 / Q4_1 file) keep that grid exactly (see `grid.py`).
 Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
 for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
@@ -176,11 +177,13 @@ class QuantizationSpec:
             return lambda g: Int8DynamicActivationIntxWeightConfig(weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=g)
 
         eight_bit = self._linears_kept_at_8_bits(model) if self.linear else set()
+        grids = self._grids_to_keep(model, eight_bit)
         float_linears, hessians = {}, {}
         if self.linear_method == "gptq":
             from .gptq import calibration_batches, input_hessians
 
-            float_linears = {name: m.weight.detach() for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+            float_linears = {name: m.weight.detach() for name, m in model.named_modules()
+                             if type(m) is torch.nn.Linear and name not in grids}  # fmt: skip
             start = time.perf_counter()
             batches = calibration_batches(model, tokenizer, self.calibration_data)
             hessians = input_hessians(model, batches, list(float_linears))
@@ -222,9 +225,28 @@ class QuantizationSpec:
             start = time.perf_counter()
             requantize(model, {name: (float_linears[name], hessians[name]) + linear_layouts[name] for name in hessians
                                if name in linear_layouts})  # fmt: skip
-            logger.info("GPTQ: rounded %d linears in %.1f s.", len(linear_layouts), time.perf_counter() - start)
+            logger.info("GPTQ: rounded %d linears in %.1f s.", len(hessians), time.perf_counter() - start)
+        if grids:
+            from .grid import keep_grids
+
+            wrapped = keep_grids(model, grids, self.linear_group_size)
+            summary["linear_on_grid"] = len(grids)
+            logger.info("%d linears were already on a 4-bit grid (a dequantized GGUF Q4_0 / Q4_1 file): kept exactly, "
+                        "not rounded again (%d with a per-group constant).", len(grids), wrapped)  # fmt: skip
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
+
+    def _grids_to_keep(self, model, eight_bit) -> dict:
+        """4-bit grouped linears whose float weights already sit on a 4-bit grid of the group size (see `grid.py`)."""
+        import torch
+
+        if self.linear != "8da4w" or not self.linear_group_size:
+            return {}
+        from .grid import find_grids
+
+        names = [name for name, m in model.named_modules()
+                 if type(m) is torch.nn.Linear and m not in eight_bit and m.weight.shape[1] % self.linear_group_size == 0]  # fmt: skip
+        return find_grids(model, names, self.linear_group_size)
 
     def _linears_kept_at_8_bits(self, model) -> set:
         """The linear modules `linear_8bit_layers` names; a name that matches no linear is an error."""
@@ -271,3 +293,14 @@ def checkpoint_quantization(hf_config) -> Optional[Dict[str, Any]]:
         "configs": schemes,
         "embeddings": bool(config.get("include_input_output_embeddings")),
     }
+
+
+def write_quantized_values(name: str, quantized, integers, scales) -> None:
+    """Writes integers [N, K] and per-group scales into a torchao-quantized weight (`IntxUnpackedToInt8Tensor`),
+    symmetric (zero points cleared): how GPTQ and the kept GGUF grids replace round-to-nearest's values."""
+    if quantized.qdata.shape != integers.shape or quantized.scale.numel() != scales.numel():
+        raise RuntimeError(f"Unexpected torchao layout for '{name}': {quantized.qdata.shape} / {quantized.scale.shape}.")
+    quantized.qdata.copy_(integers.to(quantized.qdata.dtype))
+    quantized.scale.copy_(scales.reshape(quantized.scale.shape).to(quantized.scale.dtype))
+    if quantized.zero_point is not None:
+        quantized.zero_point.zero_()

@@ -24,6 +24,10 @@ class Recipe:
     def partitioners(self) -> List[Any]:
         return []
 
+    def edge_passes(self) -> List[Any]:
+        """Passes over the edge program before partitioning (graph module -> `PassResult`)."""
+        return []
+
     def lowering_context(self):
         """A context the edge lowering runs in (the backend's speed-ups of ExecuTorch's own steps)."""
         return contextlib.nullcontext()
@@ -54,6 +58,7 @@ class Recipe:
                 partitioner=self.partitioners(),
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
                 constant_methods=constant_methods,
+                transform_passes=self.edge_passes() or None,
             )
             program = edge.to_executorch(
                 ExecutorchBackendConfig(

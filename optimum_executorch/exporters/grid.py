@@ -1,0 +1,139 @@
+"""4-bit linear weights that are already on a grid (a dequantized GGUF Q4_0 / Q4_1 file) keep it exactly.
+
+transformers loads a GGUF file by dequantizing it: each block of 32 weights of a Q4_1 tensor becomes
+`d * q + m` (q in 0..15, one float scale `d` and minimum `m` per block), Q4_0 `d * (q - 8)`. Rounding those
+floats again onto torchao's symmetric grid (scale = largest / 7.5, no minimum) adds a second 4-bit error on top
+of the file's: SmolLM2-135M-Instruct (Q4_1) at 8da4w measured perplexity 32.5 against 24.1 for the float model,
+and 24.3 when the file's grid is kept (eager, same tokens, LM head at 8 bits).
+
+Kept here as `w = d * (q - 8) + (m + 8 d)` (Q4_1; Q4_0 needs no second term): the first term is a symmetric
+int4 group with scale `d`, the tensor XNNPACK's blockwise 4-bit kernels take; the second is constant over each
+group, so its product with an input `x` is `mean of x over each group @ offsets.T * group size`.
+`GroupOffsetLinear` adds that term when some group needs it (Q4_1 always, Q4_0 never): a mean over groups of 32
+inputs and a float linear of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights
+than the linear has.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .quantization import write_quantized_values
+
+# A group is on a grid when every weight is within this fraction of a step of `low + step * q`.
+_TOLERANCE = 1 / 64
+# A group's constant below this fraction of a step is float noise (Q4_0's -8 d + 8 d).
+_ZERO = 1e-3
+# Rows checked before the whole weight: float weights that were never quantized fail on the first group.
+_PROBE_ROWS = 4
+
+
+def find_grid(weight: torch.Tensor, group_size: int) -> Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """If every group of `group_size` inputs of `weight` [N, K] holds at most 16 evenly spaced values, returns
+    (int8 integers [N, K] in -8..7, scales [N, K / group_size] > 0, offsets [N, K / group_size]) with
+    `weight == scales * integers + offsets` per group (to float rounding); otherwise None."""
+    rows, cols = weight.shape
+    if group_size <= 0 or cols % group_size:
+        return None
+    if rows > _PROBE_ROWS and _solve(weight[:_PROBE_ROWS], group_size) is None:
+        return None
+    return _solve(weight, group_size)
+
+
+def _solve(weight, group_size):
+    rows, cols = weight.shape
+    groups = weight.detach().float().reshape(rows, cols // group_size, group_size)
+    low = groups.amin(-1)
+    span = groups.amax(-1) - low
+    step = torch.zeros_like(span)
+    pending = span > 0
+    # The finest grid first: a Q4_1 group spans all 16 levels, a Q4_0 group may span fewer (a group on a coarser
+    # grid also fits a finer one, exactly as well).
+    for steps in range(15, 0, -1):
+        if not bool(pending.any()):
+            break
+        candidate = span[pending] / steps
+        values = groups[pending] - low[pending][:, None]
+        levels = torch.round(values / candidate[:, None])
+        fits = ((values - levels * candidate[:, None]).abs() <= _TOLERANCE * candidate[:, None]).all(-1)
+        index = pending.nonzero(as_tuple=True)
+        fitted = tuple(i[fits] for i in index)
+        step[fitted] = candidate[fits]
+        pending[fitted] = False
+    unresolved = pending & (span > 0)
+    if bool(unresolved.any()):
+        return None
+    # Constant groups (span 0) take any positive scale: the smallest step of the layer, or 1.
+    positive = step[step > 0]
+    filler = positive.min() if positive.numel() else torch.tensor(1.0)
+    step = torch.where(step > 0, step, filler)
+    levels = torch.clamp(torch.round((groups - low[..., None]) / step[..., None]), 0, 15)
+    # Shift the levels onto -8..7 so that the group's constant is as small as it can be: zero for Q4_0
+    # (`d * (q - 8)`), `m + 8 d` for Q4_1.
+    shift = torch.clamp(torch.round(low / step), min=-8)
+    shift = torch.minimum(shift, 7 - levels.amax(-1))
+    integers = levels + shift[..., None]
+    offsets = low - shift * step
+    offsets = torch.where(offsets.abs() <= _ZERO * step, torch.zeros_like(offsets), offsets)
+    return integers.reshape(rows, cols).to(torch.int8), step, offsets
+
+
+class GroupOffsetLinear(torch.nn.Module):
+    """`linear(x) + group means of x @ offsets.T`: a quantized linear plus the per-group constant of its weights.
+
+    `offsets` [out, in / group] are the groups' constants times the group size (the mean times the group size is
+    the sum). The group mean is a 4-D `mean` over the two innermost dimensions, the form XNNPACK lowers."""
+
+    def __init__(self, linear: torch.nn.Module, offsets: torch.Tensor, group_size: int):
+        super().__init__()
+        self.linear = linear
+        self.group_size = group_size
+        self.offsets = torch.nn.Parameter(offsets * group_size, requires_grad=False)
+
+    # Model code that reads a projection's attributes (its weight's dtype, its sizes) still finds them.
+    @property
+    def weight(self):
+        return self.linear.weight
+
+    @property
+    def bias(self):
+        return self.linear.bias
+
+    @property
+    def in_features(self):
+        return self.linear.in_features
+
+    @property
+    def out_features(self):
+        return self.linear.out_features
+
+    def forward(self, x):
+        groups = x.shape[-1] // self.group_size
+        means = x.reshape(-1, groups, self.group_size, 1).mean((2, 3), keepdim=True)
+        return self.linear(x) + torch.nn.functional.linear(means.reshape(*x.shape[:-1], groups), self.offsets)
+
+
+def find_grids(model, names, group_size: int) -> Dict[str, tuple]:
+    """The named linears of `model` whose float weights are on a 4-bit grid of `group_size`: name -> find_grid's."""
+    modules = dict(model.named_modules())
+    found = {}
+    for name in names:
+        grid = find_grid(modules[name].weight, group_size)
+        if grid is not None:
+            found[name] = grid
+    return found
+
+
+def keep_grids(model, grids: Dict[str, tuple], group_size: int) -> int:
+    """Writes each grid into its torchao-quantized linear (int4 groups of `group_size`) and, where a group's
+    constant is not zero, wraps the linear in `GroupOffsetLinear`. Returns how many were wrapped."""
+    modules = dict(model.named_modules())
+    wrapped = 0
+    for name, (integers, scales, offsets) in grids.items():
+        linear = modules[name]
+        write_quantized_values(name, linear.weight, integers, scales)
+        if bool((offsets != 0).any()):
+            parent, _, child = name.rpartition(".")
+            setattr(modules[parent] if parent else model, child, GroupOffsetLinear(linear, offsets, group_size))
+            wrapped += 1
+    return wrapped

@@ -1,0 +1,111 @@
+"""4-bit linears whose weights are already on a 4-bit grid (a dequantized GGUF Q4_0 / Q4_1 file) keep that grid.
+
+The tiny llama's decoder linears are put on grids the way GGUF stores them (groups of 32: Q4_1 `d * q + m`,
+Q4_0 `d * (q - 8)`); the LM head stays float, so it is rounded as usual. Checks: the grid is found and rebuilt
+exactly, the .pte matches the eager model quantized the same way, and keeping the grid is much closer to the
+float model than rounding again.
+"""
+
+import pytest
+import torch
+
+from optimum.executorch import main_export
+from optimum_executorch.exporters import grid
+from optimum_executorch.exporters.grid import GroupOffsetLinear, find_grid
+from optimum_executorch.exporters.quantization import QuantizationSpec
+from optimum_executorch.testing import assert_generation_matches_eager, load_eager, save_tiny_model
+
+from .test_quantization import PROMPT, _export_and_reference
+
+
+def _grid_weight(rows, cols, generator, kind):
+    """Random weights on a GGUF-like grid: `kind` "q4_1" (scale and minimum per group) or "q4_0" (scale only)."""
+    scale = 0.02 + 0.05 * torch.rand(rows, cols // 32, generator=generator)
+    levels = torch.randint(0, 16, (rows, cols // 32, 32), generator=generator).float()
+    if kind == "q4_0":
+        return (scale[..., None] * (levels - 8)).reshape(rows, cols)
+    minimum = -8 * scale + 0.5 * scale * torch.randn(rows, cols // 32, generator=generator)
+    return (scale[..., None] * levels + minimum[..., None]).reshape(rows, cols)
+
+
+def _rebuilt(integers, scales, offsets):
+    rows, cols = integers.shape
+    return (integers.reshape(rows, -1, 32) * scales[..., None] + offsets[..., None]).reshape(rows, cols)
+
+
+@pytest.fixture(scope="module")
+def grid_llama_dir(tmp_path_factory):
+    """The tiny llama with every decoder linear on a grid: down_proj Q4_0-like, the others Q4_1-like."""
+    directory = save_tiny_model("llama", tmp_path_factory.mktemp("grid_llama") / "model")
+    model = load_eager(directory)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, module in model.model.layers.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                kind = "q4_0" if name.endswith("down_proj") else "q4_1"
+                module.weight.copy_(_grid_weight(*module.weight.shape, generator, kind))
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q4_0"])
+def test_grid_is_found_and_rebuilt_exactly(kind):
+    weight = _grid_weight(48, 128, torch.Generator().manual_seed(1), kind)
+    integers, scales, offsets = find_grid(weight, 32)
+    assert integers.min() >= -8 and integers.max() <= 7 and bool((scales > 0).all())
+    assert float((_rebuilt(integers, scales, offsets) - weight).abs().max()) <= 1e-5 * float(weight.abs().max())
+    # Q4_0 is a symmetric int4 group as it is: no per-group constant.
+    assert bool((offsets == 0).all()) == (kind == "q4_0")
+
+
+def test_weights_off_the_grid_are_not_taken_for_one():
+    weight = _grid_weight(48, 128, torch.Generator().manual_seed(1), "q4_1")
+    assert find_grid(torch.randn(48, 128), 32) is None
+    nudged = weight.clone()
+    nudged[20, 70] += 0.1 * (nudged[20, 64:96].amax() - nudged[20, 64:96].amin()) / 15  # a tenth of a step
+    assert find_grid(nudged, 32) is None
+    # Groups of 64 span two Q4_1 groups of 32, two grids: not one 4-bit grid.
+    assert find_grid(weight, 64) is None
+    # A constant group is on any grid.
+    flat = weight.clone()
+    flat[3, :32] = 0.25
+    integers, scales, offsets = find_grid(flat, 32)
+    assert torch.allclose(_rebuilt(integers, scales, offsets), flat, atol=1e-6)
+
+
+def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path):
+    model, eager_q, config = _export_and_reference(grid_llama_dir, tmp_path / "et", qlinear="8da4w")
+    # 14 decoder linears on a grid; the LM head (float) is rounded as usual.
+    assert config["quantization"]["layers"] == {"linear_group32": 15, "linear_on_grid": 14}
+    wrapped = [name for name, m in eager_q.named_modules() if isinstance(m, GroupOffsetLinear)]
+    assert len(wrapped) == 12 and not any(name.endswith("down_proj") for name in wrapped)  # Q4_0 needs no constant
+    assert_generation_matches_eager(eager_q, model, PROMPT, max_new_tokens=12)
+
+
+def _logit_error(model, reference, ids):
+    with torch.no_grad():
+        return float((model(ids).logits - reference).abs().max() / reference.abs().max())
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_keeping_the_grid_is_closer_to_the_float_model_than_rounding_again(grid_llama_dir, monkeypatch, method):
+    ids = torch.randint(3, 512, (1, 48), generator=torch.Generator().manual_seed(0))
+    float_model = load_eager(grid_llama_dir)
+    with torch.no_grad():
+        reference = float_model(ids).logits
+    kept = load_eager(grid_llama_dir)
+    summary = QuantizationSpec(linear="8da4w", linear_method=method).apply(kept)
+    assert summary["linear_on_grid"] == 14
+    for name, module in float_model.model.layers.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            wrapper = kept.model.layers.get_submodule(name)
+            quantized = (wrapper.linear if isinstance(wrapper, GroupOffsetLinear) else wrapper).weight
+            offsets = wrapper.offsets / 32 if isinstance(wrapper, GroupOffsetLinear) else torch.zeros_like(quantized.scale)
+            rebuilt = _rebuilt(quantized.qdata.float(), quantized.scale.reshape(offsets.shape), offsets)
+            assert float((rebuilt - module.weight).abs().max()) <= 1e-5 * float(module.weight.abs().max()), name
+    rounded = load_eager(grid_llama_dir)
+    monkeypatch.setattr(grid, "find_grids", lambda *args: {})
+    QuantizationSpec(linear="8da4w", linear_method=method).apply(rounded)
+    # What is left with the grid kept is the int8 activation rounding and the LM head's 4 bits.
+    kept_error, rounded_error = _logit_error(kept, reference, ids), _logit_error(rounded, reference, ids)
+    assert kept_error < 0.5 * rounded_error, f"grid kept {kept_error:.3e}, rounded again {rounded_error:.3e}"
