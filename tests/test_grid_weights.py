@@ -109,3 +109,28 @@ def test_keeping_the_grid_is_closer_to_the_float_model_than_rounding_again(grid_
     # What is left with the grid kept is the int8 activation rounding and the LM head's 4 bits.
     kept_error, rounded_error = _logit_error(kept, reference, ids), _logit_error(rounded, reference, ids)
     assert kept_error < 0.5 * rounded_error, f"grid kept {kept_error:.3e}, rounded again {rounded_error:.3e}"
+
+
+def test_a_linear_stored_at_8_bits_is_named_with_the_option_that_keeps_it(grid_llama_dir, caplog):
+    # A GGUF's Q8_0 tensor (here the LM head: `d * q`, q in -127..127 per group of 32) rounded to 4 bits loses
+    # what the file kept; the log says which layers and how to keep them at 8 bits.
+    generator = torch.Generator().manual_seed(2)
+
+    def q8_0(shape):
+        scale = 0.001 + 0.002 * torch.rand(shape[0], shape[1] // 32, 1, generator=generator)
+        levels = torch.randint(-126, 127, (shape[0], shape[1] // 32, 32), generator=generator)
+        levels[..., 0] = 127  # the group's largest magnitude is 127 steps (GGUF's scale is largest / 127)
+        return (scale * levels).reshape(shape)
+
+    assert grid.on_8bit_grid(q8_0((16, 64))) and not grid.on_8bit_grid(torch.randn(16, 64))
+    for eight_bit in (None, ("lm_head",)):
+        model = load_eager(grid_llama_dir)
+        with torch.no_grad():
+            model.lm_head.weight.copy_(q8_0(model.lm_head.weight.shape))
+        caplog.clear()
+        QuantizationSpec(linear="8da4w", linear_8bit_layers=eight_bit).apply(model)
+        hints = [r.getMessage() for r in caplog.records if "stored at 8 bits" in r.getMessage()]
+        if eight_bit:
+            assert not hints
+        else:
+            assert len(hints) == 1 and "--qlinear_8bit_layers lm_head" in hints[0], hints

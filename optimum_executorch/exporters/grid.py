@@ -78,6 +78,19 @@ def _solve(weight, group_size):
     return integers.reshape(rows, cols).to(torch.int8), step, offsets
 
 
+def on_8bit_grid(weight: torch.Tensor, group_size: int = 32) -> bool:
+    """Whether every group of `weight` [N, K] is `d * q` with integer q in -127..127 (a dequantized GGUF Q8_0)."""
+    rows, cols = weight.shape
+    if cols % group_size:
+        return False
+    for part in (weight[:_PROBE_ROWS], weight):
+        groups = part.detach().float().reshape(part.shape[0], -1, group_size)
+        step = (groups.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-30)
+        if not bool(((groups - torch.round(groups / step) * step).abs() <= _TOLERANCE * step).all()):
+            return False
+    return True
+
+
 class GroupOffsetLinear(torch.nn.Module):
     """`linear(x) + group means of x @ offsets.T`: a quantized linear plus the per-group constant of its weights.
 
