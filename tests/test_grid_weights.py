@@ -19,11 +19,14 @@ from .test_quantization import PROMPT, _export_and_reference
 
 
 def _grid_weight(rows, cols, generator, kind):
-    """Random weights on a GGUF-like grid: `kind` "q4_1" (scale and minimum per group) or "q4_0" (scale only)."""
+    """Random weights on a GGUF-like grid: `kind` "q4_1" (scale and minimum per group) or "q4_0" (scale only, as
+    ggml picks it: the group's signed value of largest magnitude / -8, so negative for about half the groups)."""
+    if kind == "q4_0":
+        values = 0.05 * torch.randn(rows, cols // 32, 32, generator=generator)
+        scale = values.gather(-1, values.abs().argmax(-1, keepdim=True)) / -8
+        return (scale * (torch.clamp(torch.round(values / scale) + 8, 0, 15) - 8)).reshape(rows, cols)
     scale = 0.02 + 0.05 * torch.rand(rows, cols // 32, generator=generator)
     levels = torch.randint(0, 16, (rows, cols // 32, 32), generator=generator).float()
-    if kind == "q4_0":
-        return (scale[..., None] * (levels - 8)).reshape(rows, cols)
     minimum = -8 * scale + 0.5 * scale * torch.randn(rows, cols // 32, generator=generator)
     return (scale[..., None] * levels + minimum[..., None]).reshape(rows, cols)
 
@@ -35,7 +38,8 @@ def _rebuilt(integers, scales, offsets):
 
 @pytest.fixture(scope="module")
 def grid_llama_dir(tmp_path_factory):
-    """The tiny llama with every decoder linear on a grid: down_proj Q4_0-like, the others Q4_1-like."""
+    """The tiny llama with every decoder linear on a grid: down_proj Q4_0-like, the others Q4_1-like (the LM head
+    stays float)."""
     directory = save_tiny_model("llama", tmp_path_factory.mktemp("grid_llama") / "model")
     model = load_eager(directory)
     generator = torch.Generator().manual_seed(0)
@@ -54,8 +58,14 @@ def test_grid_is_found_and_rebuilt_exactly(kind):
     integers, scales, offsets = find_grid(weight, 32)
     assert integers.min() >= -8 and integers.max() <= 7 and bool((scales > 0).all())
     assert float((_rebuilt(integers, scales, offsets) - weight).abs().max()) <= 1e-5 * float(weight.abs().max())
-    # Q4_0 is a symmetric int4 group as it is: no per-group constant.
-    assert bool((offsets == 0).all()) == (kind == "q4_0")
+    if kind == "q4_1":
+        assert bool((offsets != 0).all())
+    else:
+        # A Q4_0 group is a symmetric int4 group as it is when its scale is positive (its value of largest
+        # magnitude negative, level -8); with a negative scale its levels run -7..8 and it needs the constant.
+        groups = weight.reshape(48, -1, 32)
+        extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        assert torch.equal(offsets != 0, extreme > 0) and 0 < int((extreme > 0).sum()) < extreme.numel()
 
 
 def test_weights_off_the_grid_are_not_taken_for_one():
@@ -73,12 +83,13 @@ def test_weights_off_the_grid_are_not_taken_for_one():
     assert torch.allclose(_rebuilt(integers, scales, offsets), flat, atol=1e-6)
 
 
-def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path):
-    model, eager_q, config = _export_and_reference(grid_llama_dir, tmp_path / "et", qlinear="8da4w")
+@pytest.mark.parametrize("attention", [{}, {"custom_sdpa": False}], ids=["custom-sdpa", "static-cache-strict-export"])
+def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path, attention):
+    model, eager_q, config = _export_and_reference(grid_llama_dir, tmp_path / "et", qlinear="8da4w", **attention)
     # 14 decoder linears on a grid; the LM head (float) is rounded as usual.
     assert config["quantization"]["layers"] == {"linear_group32": 15, "linear_on_grid": 14}
     wrapped = [name for name, m in eager_q.named_modules() if isinstance(m, GroupOffsetLinear)]
-    assert len(wrapped) == 12 and not any(name.endswith("down_proj") for name in wrapped)  # Q4_0 needs no constant
+    assert len(wrapped) == 14  # Q4_1 always needs the constant; these Q4_0 down projections have negative scales
     assert_generation_matches_eager(eager_q, model, PROMPT, max_new_tokens=12)
 
 
@@ -134,3 +145,25 @@ def test_a_linear_stored_at_8_bits_is_named_with_the_option_that_keeps_it(grid_l
             assert not hints
         else:
             assert len(hints) == 1 and "--qlinear_8bit_layers lm_head" in hints[0], hints
+
+
+def test_grid_kept_in_float16_and_named_when_the_group_size_cannot_keep_it(caplog):
+    generator = torch.Generator().manual_seed(3)
+    weight = _grid_weight(16, 64, generator, "q4_1")
+    x = torch.randn(1, 5, 64, generator=generator)
+    for dtype, group_size in ((torch.float16, 32), (torch.float32, 64)):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 16, bias=False))
+        with torch.no_grad():
+            model[0].weight.copy_(weight)
+        model.to(dtype)
+        caplog.clear()
+        summary = QuantizationSpec(linear="8da4w", linear_group_size=group_size).apply(model)
+        with torch.no_grad():
+            out = model(x.to(dtype)).float()
+        # The int8 activation rounding is what is left (and float16's own rounding).
+        error = float((out - x @ weight.T).abs().max() / (x @ weight.T).abs().max())
+        if group_size == 32:
+            assert summary["linear_on_grid"] == 1 and error < 0.02, (summary, error)
+        else:
+            assert "linear_on_grid" not in summary
+            assert any("--qlinear_group_size 32 to keep them" in r.getMessage() for r in caplog.records)

@@ -9,9 +9,13 @@ and 24.3 when the file's grid is kept (eager, same tokens, LM head at 8 bits).
 Kept here as `w = d * (q - 8) + (m + 8 d)` (Q4_1; Q4_0 needs no second term): the first term is a symmetric
 int4 group with scale `d`, the tensor XNNPACK's blockwise 4-bit kernels take; the second is constant over each
 group, so its product with an input `x` is `mean of x over each group @ offsets.T * group size`.
-`GroupOffsetLinear` adds that term when some group needs it (Q4_1 always, Q4_0 never): a mean over groups of 32
-inputs and a float linear of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights
-than the linear has.
+`GroupOffsetLinear` adds that term when some group needs it: a mean over groups of 32 inputs and a float linear
+of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights than the linear has. Q4_1
+always needs it; Q4_0 only for groups whose scale GGUF stored negative (ggml divides by the signed value of
+largest magnitude, so a positive one gives levels -7..8, one past int4's 7).
+
+Exact in the eager model; XNNPACK keeps the group scales in bfloat16 (GGUF's are float16), so a weight of the
+`.pte` can move by up to ~1/64 of a step: far below the half step that rounding again costs.
 """
 
 from typing import Dict, Optional, Tuple
@@ -20,6 +24,8 @@ import torch
 
 from .quantization import write_quantized_values
 
+# GGUF's 4-bit and 8-bit blocks (Q4_0, Q4_1, Q8_0) hold 32 weights.
+GGUF_GROUP_SIZE = 32
 # A group is on a grid when every weight is within this fraction of a step of `low + step * q`.
 _TOLERANCE = 1 / 64
 # A group's constant below this fraction of a step is float noise (Q4_0's -8 d + 8 d).
@@ -68,8 +74,8 @@ def _solve(weight, group_size):
     filler = positive.min() if positive.numel() else torch.tensor(1.0)
     step = torch.where(step > 0, step, filler)
     levels = torch.clamp(torch.round((groups - low[..., None]) / step[..., None]), 0, 15)
-    # Shift the levels onto -8..7 so that the group's constant is as small as it can be: zero for Q4_0
-    # (`d * (q - 8)`), `m + 8 d` for Q4_1.
+    # Shift the levels onto -8..7 so that the group's constant is as small as it can be: zero for Q4_0 groups with
+    # a positive scale (`d * (q - 8)`), `m + 8 d` for Q4_1.
     shift = torch.clamp(torch.round(low / step), min=-8)
     shift = torch.minimum(shift, 7 - levels.amax(-1))
     integers = levels + shift[..., None]
@@ -78,10 +84,10 @@ def _solve(weight, group_size):
     return integers.reshape(rows, cols).to(torch.int8), step, offsets
 
 
-def on_8bit_grid(weight: torch.Tensor, group_size: int = 32) -> bool:
+def on_8bit_grid(weight: torch.Tensor, group_size: int = GGUF_GROUP_SIZE) -> bool:
     """Whether every group of `weight` [N, K] is `d * q` with integer q in -127..127 (a dequantized GGUF Q8_0)."""
     rows, cols = weight.shape
-    if cols % group_size:
+    if cols % group_size or not bool(weight.detach().abs().amax() > 0):
         return False
     for part in (weight[:_PROBE_ROWS], weight):
         groups = part.detach().float().reshape(part.shape[0], -1, group_size)
@@ -101,7 +107,8 @@ class GroupOffsetLinear(torch.nn.Module):
         super().__init__()
         self.linear = linear
         self.group_size = group_size
-        self.offsets = torch.nn.Parameter(offsets * group_size, requires_grad=False)
+        dtype = linear.weight.dtype if linear.weight.dtype.is_floating_point else torch.float32
+        self.offsets = torch.nn.Parameter((offsets * group_size).to(dtype), requires_grad=False)
 
     # Model code that reads a projection's attributes (its weight's dtype, its sizes) still finds them.
     @property

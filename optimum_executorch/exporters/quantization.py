@@ -240,13 +240,22 @@ class QuantizationSpec:
         """4-bit grouped linears whose float weights already sit on a 4-bit grid of the group size (see `grid.py`)."""
         import torch
 
-        if self.linear != "8da4w" or not self.linear_group_size:
+        if self.linear != "8da4w":
             return {}
-        from .grid import find_grids, on_8bit_grid
+        from .grid import GGUF_GROUP_SIZE, find_grid, find_grids, on_8bit_grid
 
+        group_size = self.linear_group_size
         linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear and m not in eight_bit}
-        names = [name for name, m in linears.items() if m.weight.shape[1] % self.linear_group_size == 0]
-        grids = find_grids(model, names, self.linear_group_size)
+        names = [name for name, m in linears.items() if group_size and m.weight.shape[1] % group_size == 0]
+        grids = find_grids(model, names, group_size) if names else {}
+        first = next((m for m in linears.values() if m.weight.shape[1] % GGUF_GROUP_SIZE == 0), None)
+        on_gguf_grid = first is not None and find_grid(first.weight, GGUF_GROUP_SIZE) is not None
+        if not grids and group_size != GGUF_GROUP_SIZE and on_gguf_grid:
+            logger.warning(
+                "The linears are on 4-bit grids of %d weights (a GGUF Q4_0 / Q4_1 file), which --qlinear_group_size "
+                "%d cannot keep: they are rounded again. Use --qlinear_group_size %d to keep them.",
+                GGUF_GROUP_SIZE, group_size, GGUF_GROUP_SIZE,
+            )  # fmt: skip
         stored_at_8 = sorted({name.rsplit(".", 1)[-1] for name, m in linears.items()
                               if name not in grids and on_8bit_grid(m.weight)})  # fmt: skip
         if stored_at_8:

@@ -75,9 +75,12 @@ def _infer_the_symbolic_dim_of_reshapes(graph_module):
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or getattr(node.target, "_op", node.target) is not view:
             continue
+        if len(node.args) < 2 or not isinstance(node.args[1], (list, tuple)):
+            continue
         shape = list(node.args[1])
         symbolic = [i for i, size in enumerate(shape) if not isinstance(size, int)]
-        if len(symbolic) == 1 and -1 not in shape:
+        # With a static size of 0 the element count no longer determines the symbol.
+        if len(symbolic) == 1 and -1 not in shape and 0 not in shape:
             shape[symbolic[0]] = -1
             node.args = (node.args[0], shape) + tuple(node.args[2:])
             changed = True
