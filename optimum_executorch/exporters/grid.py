@@ -1,4 +1,4 @@
-"""4-bit linear weights that are already on a grid (a dequantized GGUF Q4_0 / Q4_1 file) keep it exactly.
+"""4-bit linear weights that are already on a grid (a dequantized GGUF Q4_0 / Q4_1 file) keep it.
 
 transformers loads a GGUF file by dequantizing it: each block of 32 weights of a Q4_1 tensor becomes
 `d * q + m` (q in 0..15, one float scale `d` and minimum `m` per block), Q4_0 `d * (q - 8)`. Rounding those
@@ -6,9 +6,10 @@ floats again onto torchao's symmetric grid (scale = largest / 7.5, no minimum) a
 of the file's: SmolLM2-135M-Instruct (Q4_1) at 8da4w measured perplexity 32.5 against 24.1 for the float model,
 and 24.3 when the file's grid is kept (eager, same tokens, LM head at 8 bits).
 
-Kept here as `w = d * (q - 8) + (m + 8 d)` (Q4_1; Q4_0 needs no second term): the first term is a symmetric
-int4 group with scale `d`, the tensor XNNPACK's blockwise 4-bit kernels take; the second is constant over each
-group, so its product with an input `x` is `mean of x over each group @ offsets.T * group size`.
+Kept here as `w = d * (q - 8) + (m + 8 d)` (Q4_1; a Q4_0 group with a positive scale has no second term): the
+first term is a symmetric int4 group with scale `d`, the tensor XNNPACK's blockwise 4-bit kernels take; the second
+is constant over each group, so its product with an input `x` is `mean of x over each group @ offsets.T * group
+size`.
 `GroupOffsetLinear` adds that term when some group needs it: a mean over groups of 32 inputs and a float linear
 of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights than the linear has. Q4_1
 always needs it; Q4_0 only for groups whose scale GGUF stored negative (ggml divides by the signed value of

@@ -13,7 +13,7 @@ layers at more bits.
 Rounding (`linear_method`): "rtn" rounds each weight to the nearest level of its group (torchao's default);
 "gptq" chooses the levels with GPTQ on calibration text (see `gptq.py`): same tensors, same kernels, better
 values, at the cost of one calibration pass at export. With either, 4-bit linears whose weights are already on a
-4-bit grid of the group size (a dequantized GGUF Q4_0 / Q4_1 file) keep that grid exactly (see `grid.py`).
+4-bit grid of the group size (a dequantized GGUF Q4_0 / Q4_1 file) keep that grid (see `grid.py`).
 Group sizes: a positive power of two (weights quantized in groups of that many input channels), or 0
 for one scale per output channel. A layer whose input size the group size does not divide falls back
 to per-channel, and the log says which.
@@ -231,7 +231,7 @@ class QuantizationSpec:
 
             wrapped = keep_grids(model, grids, self.linear_group_size)
             summary["linear_on_grid"] = len(grids)
-            logger.info("%d linears were already on a 4-bit grid (a dequantized GGUF Q4_0 / Q4_1 file): kept exactly, "
+            logger.info("%d linears were already on a 4-bit grid (a dequantized GGUF Q4_0 / Q4_1 file): kept, "
                         "not rounded again (%d with a per-group constant).", len(grids), wrapped)  # fmt: skip
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
