@@ -134,15 +134,10 @@ class GroupOffsetLinear(torch.nn.Module):
         return self.linear(x) + torch.nn.functional.linear(means.reshape(*x.shape[:-1], groups), self.offsets)
 
 
-def find_grids(model, names, group_size: int) -> Dict[str, tuple]:
-    """The named linears of `model` whose float weights are on a 4-bit grid of `group_size`: name -> find_grid's."""
-    modules = dict(model.named_modules())
-    found = {}
-    for name in names:
-        grid = find_grid(modules[name].weight, group_size)
-        if grid is not None:
-            found[name] = grid
-    return found
+def find_grids(linears: Dict[str, torch.nn.Module], group_size: int) -> Dict[str, tuple]:
+    """The linears (name -> module) whose float weights are on a 4-bit grid of `group_size`: name -> find_grid's."""
+    found = {name: find_grid(linear.weight, group_size) for name, linear in linears.items()}
+    return {name: grid for name, grid in found.items() if grid is not None}
 
 
 def keep_grids(model, grids: Dict[str, tuple], group_size: int) -> int:

@@ -246,11 +246,11 @@ class QuantizationSpec:
 
         group_size = self.linear_group_size
         linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear and m not in eight_bit}
-        names = [name for name, m in linears.items() if group_size and m.weight.shape[1] % group_size == 0]
-        grids = find_grids(model, names, group_size) if names else {}
+        grids = find_grids({name: m for name, m in linears.items()
+                            if group_size and m.weight.shape[1] % group_size == 0}, group_size)  # fmt: skip
         first = next((m for m in linears.values() if m.weight.shape[1] % GGUF_GROUP_SIZE == 0), None)
-        on_gguf_grid = first is not None and find_grid(first.weight, GGUF_GROUP_SIZE) is not None
-        if not grids and group_size != GGUF_GROUP_SIZE and on_gguf_grid:
+        if (not grids and group_size != GGUF_GROUP_SIZE and first is not None
+                and find_grid(first.weight, GGUF_GROUP_SIZE) is not None):  # fmt: skip
             logger.warning(
                 "The linears are on 4-bit grids of %d weights (a GGUF Q4_0 / Q4_1 file), which --qlinear_group_size "
                 "%d cannot keep: they are rounded again. Use --qlinear_group_size %d to keep them.",
