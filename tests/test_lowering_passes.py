@@ -123,33 +123,3 @@ def test_llama_8da4w_is_lowered_to_the_same_bytes_once_decomposed_and_with_fewer
     assert count_retraces["retrace"] < counts_plain["retrace"] / 2, (count_retraces, counts_plain)
     assert (counts_plain["decompose"], count_retraces["decompose"]) == (2, 1)
 
-
-def test_reshapes_with_a_symbolic_size_stay_in_the_delegate(monkeypatch):
-    # A reshape whose shape holds the sequence length (a symbol) was refused by XNNPACK's partitioner and ran
-    # between two delegates; the recipe writes that size as -1, which XNNPACK takes.
-    from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
-
-    from optimum_executorch.exporters.grid import GroupOffsetLinear
-
-    torch.manual_seed(0)
-    model = GroupOffsetLinear(torch.nn.Linear(64, 16, bias=False), torch.randn(16, 2), 32).eval()
-    x = torch.randn(1, 5, 64)
-    program = torch.export.export(model, (x,), dynamic_shapes=({1: torch.export.Dim("seq", max=32)},))
-    recipe = get_recipe("xnnpack")
-    delegates = {}
-    for passes in ("recipe", "none"):
-        if passes == "none":
-            monkeypatch.setattr(XnnpackRecipe, "edge_passes", lambda self: [])
-        with recipe.lowering_context():
-            edge = to_edge_transform_and_lower(
-                program, partitioner=recipe.partitioners(), transform_passes=recipe.edge_passes() or None
-            )
-        delegates[passes] = edge.exported_program().graph_module.code.count("executorch_call_delegate(")
-        # Run by ExecuTorch (XNNPACK's reshape infers the -1) at two sequence lengths.
-        buffer = edge.to_executorch().buffer  # kept alive: the loaded program reads it in place
-        method = Runtime.get().load_program(buffer).load_method("forward")
-        for length in (1, 7):
-            inputs = torch.randn(1, length, 64)
-            torch.testing.assert_close(method.execute([inputs])[0], model(inputs).detach(), rtol=1e-5, atol=1e-5)
-    assert delegates == {"recipe": 1, "none": 2}, delegates

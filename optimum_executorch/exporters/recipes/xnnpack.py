@@ -14,7 +14,9 @@ class XnnpackRecipe(Recipe):
         return [_checked_once_partitioner()]
 
     def edge_passes(self):
-        return [_infer_the_symbolic_dim_of_reshapes]
+        from .xnnpack_rewrites import xnnpack_rewrites
+
+        return xnnpack_rewrites()
 
     def lowering_context(self):
         from .xnnpack_passes import faster_lowering
@@ -60,30 +62,3 @@ def _checked_once_partitioner():
 
     return CheckedOncePartitioner()
 
-
-def _infer_the_symbolic_dim_of_reshapes(graph_module):
-    """Writes the one symbolic size of a reshape (`view_copy`) as -1, the form XNNPACK can take.
-
-    XNNPACK reshapes with one inferred size, but its partitioner refuses a shape that holds a symbol (the
-    sequence length of a program with dynamic shapes), so such reshapes ran outside the delegate and split it.
-    A size the others and the input's element count determine is the same symbol or -1."""
-    import torch
-    from torch.fx.passes.infra.pass_base import PassResult
-
-    view = torch.ops.aten.view_copy.default
-    changed = False
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function" or getattr(node.target, "_op", node.target) is not view:
-            continue
-        if len(node.args) < 2 or not isinstance(node.args[1], (list, tuple)):
-            continue
-        shape = list(node.args[1])
-        symbolic = [i for i, size in enumerate(shape) if not isinstance(size, int)]
-        # With a static size of 0 the element count no longer determines the symbol.
-        if len(symbolic) == 1 and -1 not in shape and 0 not in shape:
-            shape[symbolic[0]] = -1
-            node.args = (node.args[0], shape) + tuple(node.args[2:])
-            changed = True
-    if changed:
-        graph_module.recompile()
-    return PassResult(graph_module, changed)

@@ -1,0 +1,105 @@
+"""Edge rewrites of the XNNPACK recipe (recipes/xnnpack_rewrites.py): ops its partitioner refused (RoPE's
+rotate-half slices, reshapes holding the sequence length) stay inside the delegate, and the lowered program, run
+by ExecuTorch, computes what the eager module does at several sequence lengths."""
+
+from types import SimpleNamespace
+
+import torch
+
+from optimum_executorch.exporters.grid import GroupOffsetLinear
+from optimum_executorch.exporters.recipes import get_recipe
+from optimum_executorch.exporters.recipes.xnnpack import XnnpackRecipe
+
+
+class _LlamaAttentionInput(torch.nn.Module):
+    """What a llama layer runs before its attention op: RMSNorm, a projection viewed as heads, RoPE."""
+
+    def __init__(self, rotation=8):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64, bias=False)
+        self.rotation = rotation  # 8 (half of the head size): transformers' rotate_half; other: not it
+
+    def forward(self, x, cos, sin):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q = self.proj(h).view(*x.shape[:-1], -1, 16).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        rotated = torch.cat((-q[..., self.rotation :], q[..., : self.rotation]), dim=-1)
+        return (q * cos + rotated * sin).transpose(1, 2).reshape(*x.shape[:-1], -1)
+
+
+def _lower(model, example, dynamic_shapes, monkeypatch, with_rewrites=True):
+    """The lowered ExecuTorch method, the number of delegates and the call_function targets left outside them."""
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    program = torch.export.export(model, example, dynamic_shapes=dynamic_shapes)
+    if not with_rewrites:
+        monkeypatch.setattr(XnnpackRecipe, "edge_passes", lambda self: [])
+    recipe = get_recipe("xnnpack")
+    with recipe.lowering_context():
+        edge = to_edge_transform_and_lower(
+            program, partitioner=recipe.partitioners(), transform_passes=recipe.edge_passes() or None
+        )
+    graph = edge.exported_program().graph_module.graph
+    outside = [str(n.target) for n in graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)]
+    delegates = sum("executorch_call_delegate" in name for name in outside)
+    outside = [name for name in outside if "executorch_call_delegate" not in name and "sym_size" not in name]
+    buffer = edge.to_executorch().buffer  # kept alive with the method: the loaded program reads it in place
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    return SimpleNamespace(method=method, buffer=buffer, delegates=delegates, outside=outside)
+
+
+def _inputs(length, generator):
+    return (torch.randn(1, length, 64, generator=generator),
+            torch.randn(1, length, 16, generator=generator), torch.randn(1, length, 16, generator=generator))  # fmt: skip
+
+
+def _dynamic():
+    seq = torch.export.Dim("seq", max=32)
+    return ({1: seq}, {1: seq}, {1: seq})
+
+
+def _assert_runs_like_eager(method, model):
+    generator = torch.Generator().manual_seed(1)
+    for length in (1, 7):
+        inputs = _inputs(length, generator)
+        torch.testing.assert_close(method.execute(list(inputs))[0], model(*inputs).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_rotate_half_and_head_reshapes_stay_in_the_delegate(monkeypatch):
+    torch.manual_seed(0)
+    model = _LlamaAttentionInput().eval()
+    example = _inputs(5, torch.Generator().manual_seed(0))
+    lowered = _lower(model, example, _dynamic(), monkeypatch)
+    plain = _lower(model, example, _dynamic(), monkeypatch, with_rewrites=False)
+    # Without the rewrites the head reshape and rotate-half's two slices ran outside XNNPACK, cutting it in three.
+    assert sum("slice_copy" in name for name in plain.outside) == 2 and any("view_copy" in n for n in plain.outside)
+    assert not any(op in name for name in lowered.outside for op in ("slice", "cat", "neg", "view")), lowered.outside
+    # Left outside by choice: RMSNorm's mean and RoPE's unsqueezes (cheaper as portable kernels on a decode step).
+    assert lowered.delegates < plain.delegates, (lowered.delegates, plain.delegates)
+    _assert_runs_like_eager(lowered.method, model)
+
+
+def test_a_rotation_other_than_rotate_half_is_left_as_it_is(monkeypatch):
+    torch.manual_seed(0)
+    model = _LlamaAttentionInput(rotation=4).eval()
+    lowered = _lower(model, _inputs(5, torch.Generator().manual_seed(0)), _dynamic(), monkeypatch)
+    assert sum("slice_copy" in name for name in lowered.outside) == 2, lowered.outside
+    _assert_runs_like_eager(lowered.method, model)
+
+
+def test_reshapes_with_a_symbolic_size_stay_in_the_delegate(monkeypatch):
+    # A reshape whose shape holds the sequence length (a symbol) was refused by XNNPACK's partitioner and ran
+    # between two delegates; the recipe writes that size as -1, which XNNPACK takes.
+    torch.manual_seed(0)
+    model = GroupOffsetLinear(torch.nn.Linear(64, 16, bias=False), torch.randn(16, 2), 32).eval()
+    dynamic = ({1: torch.export.Dim("seq", max=32)},)
+    delegates = {}
+    for with_rewrites in (True, False):
+        lowered = _lower(model, (torch.randn(1, 5, 64),), dynamic, monkeypatch, with_rewrites)
+        delegates[with_rewrites] = lowered.delegates
+        for length in (1, 7):
+            inputs = torch.randn(1, length, 64)
+            output = lowered.method.execute([inputs])[0]
+            torch.testing.assert_close(output, model(inputs).detach(), rtol=1e-5, atol=1e-5)
+    assert delegates == {True: 1, False: 2}, delegates
