@@ -63,6 +63,16 @@ def _infer_the_symbolic_dim_of_reshapes(graph_module):
     return PassResult(graph_module, changed)
 
 
+def _span(node, rank, size):
+    """(dim, start, end) of a `slice_copy` of unit step with static bounds (end clipped to `size`), else None."""
+    dim, start, end, step = (list(node.args[1:]) + [None] * 4)[:4]
+    dim, start, step = dim or 0, start or 0, 1 if step is None else step
+    end = size if end is None else end
+    if not all(isinstance(v, int) for v in (dim, start, end, step)) or step != 1:
+        return None
+    return dim % rank, start, min(end, size)
+
+
 def _rotate_half_pass_class():
     from executorch.backends.transforms.utils import create_constant_placeholder
     from executorch.exir.dialects._ops import ops as exir_ops
@@ -89,8 +99,9 @@ def _rotate_half_pass_class():
             return None
         last = rank - 1
         dim = node.args[1] if len(node.args) > 1 else 0
-        span = lambda n: (n.args[1] % rank, n.args[2], min(n.args[3], size), n.args[4] if len(n.args) > 4 else 1)  # noqa: E731
-        if dim % rank != last or span(first) != (last, 0, size // 2, 1) or span(second) != (last, size // 2, size, 1):
+        if dim % rank != last or _span(first, rank, size) != (last, 0, size // 2):
+            return None
+        if _span(second, rank, size) != (last, size // 2, size):
             return None
         return x, size
 
