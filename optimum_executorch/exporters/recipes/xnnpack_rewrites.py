@@ -10,10 +10,6 @@ the rewrites that measured faster (SmolLM2-135M 8da4w, one decode step of the lo
   a symbol and a -1 (transformers' `view(*input_shape, -1, head_dim)`); taken with the symbol written as -1.
 Together: 153 -> 94 delegate calls a step, decode 5.62 -> 5.36 ms (median of nine runs each), export 179 ->
 144 s (fewer, larger partitions to lower).
-- computations repeated on the same inputs, merged: q/k/v (and gate/up) each quantize the same activation and,
-  with a GGUF grid kept, each average its groups; once is enough (18 fewer delegated ops a layer on a grid
-  llama). Prefill 90-98 -> 88-89 ms, decode step within noise (median 5.72 -> 5.62 ms, six alternating runs),
-  export peak RSS 2.39 -> 2.09 GB.
 
 Tried and not kept: RMSNorm's `mean(-1)` viewed as the 4-D mean XNNPACK takes, and `unsqueeze` off the last
 dimension as a reshape. Both moved every remaining op into one delegate a layer (33 calls a step) and made the
@@ -26,42 +22,7 @@ import torch
 
 def xnnpack_rewrites():
     """The rewrite passes, in the order `to_edge_transform_and_lower(transform_passes=...)` runs them."""
-    return [_merge_repeated_computations, _infer_the_symbolic_dim_of_reshapes, _rotate_half_pass_class()()]
-
-
-def _freeze(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    return value
-
-
-def _merge_repeated_computations(graph_module):
-    """One node for each computation repeated on the same inputs (the activation quantization, and the grid
-    offsets' group means, of q/k/v and of gate/up, which read the same input). Ops that write an input stay."""
-    from torch.fx.passes.infra.pass_base import PassResult
-
-    seen, merged = {}, 0
-    for node in list(graph_module.graph.nodes):
-        if node.op != "call_function":
-            continue
-        schema = getattr(node.target, "_schema", None)
-        tags = getattr(getattr(node.target, "_op", node.target), "tags", ())
-        if schema is None or schema.is_mutable or node.is_impure() or torch.Tag.nondeterministic_seeded in tags:
-            continue
-        try:
-            key = (node.target, _freeze(node.args), _freeze(node.kwargs))
-            earlier = seen.setdefault(key, node)
-        except TypeError:  # an unhashable argument
-            continue
-        if earlier is not node:
-            node.replace_all_uses_with(earlier)
-            graph_module.graph.erase_node(node)
-            merged += 1
-    if merged:
-        graph_module.recompile()
-    return PassResult(graph_module, bool(merged))
+    return [_infer_the_symbolic_dim_of_reshapes, _rotate_half_pass_class()()]
 
 
 def _with_inferred_size(shape):
