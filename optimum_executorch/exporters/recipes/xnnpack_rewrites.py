@@ -18,11 +18,19 @@ op handed to its thread pool, and a delegate boundary costs little.
 """
 
 import torch
+from executorch.backends.transforms.utils import create_constant_placeholder
+from executorch.exir.dialects._ops import ops as exir_ops
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+from torch.export.graph_signature import InputKind
+from torch.fx.passes.infra.pass_base import PassResult
+
+# Imported only by `XnnpackRecipe.edge_passes()`, on the export side.
+_edge = exir_ops.edge.aten
 
 
 def xnnpack_rewrites():
     """The rewrite passes, in the order `to_edge_transform_and_lower(transform_passes=...)` runs them."""
-    return [_infer_the_symbolic_dim_of_reshapes, _rotate_half_pass_class()()]
+    return [_infer_the_symbolic_dim_of_reshapes, _RotateHalfAsLinear()]
 
 
 def _with_inferred_size(shape):
@@ -44,8 +52,6 @@ def _infer_the_symbolic_dim_of_reshapes(graph_module):
     sequence length of a program with dynamic shapes) or two inferred sizes (transformers' `view(*input_shape,
     -1, head_dim)` is both), so such reshapes ran outside the delegate and split it. The result's static sizes
     are known, and the element count determines the one symbolic size."""
-    from torch.fx.passes.infra.pass_base import PassResult
-
     view = torch.ops.aten.view_copy.default
     changed = False
     for node in graph_module.graph.nodes:
@@ -73,63 +79,55 @@ def _span(node, rank, size):
     return dim % rank, start, min(end, size)
 
 
-def _rotate_half_pass_class():
-    from executorch.backends.transforms.utils import create_constant_placeholder
-    from executorch.exir.dialects._ops import ops as exir_ops
-    from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
-    from torch.export.graph_signature import InputKind
+def _halves(node):
+    """(x, D) when `node` is `cat([-x[..., D/2:], x[..., :D/2]], -1)` with a static even D, else None."""
+    if node.op != "call_function" or node.target != _edge.cat.default or len(node.args[0]) != 2:
+        return None
+    negated, first = node.args[0]
+    if getattr(negated, "target", None) != _edge.neg.default:
+        return None
+    second = negated.args[0]
+    if any(getattr(n, "target", None) != _edge.slice_copy.Tensor for n in (first, second)):
+        return None
+    x = first.args[0]
+    if second.args[0] is not x or "val" not in x.meta:
+        return None
+    rank, size = x.meta["val"].dim(), x.meta["val"].shape[-1]
+    if not isinstance(size, int) or size % 2:
+        return None
+    last = rank - 1
+    dim = node.args[1] if len(node.args) > 1 else 0
+    if dim % rank != last or _span(first, rank, size) != (last, 0, size // 2):
+        return None
+    if _span(second, rank, size) != (last, size // 2, size):
+        return None
+    return x, size
 
-    edge = exir_ops.edge.aten
 
-    def halves(node):
-        """(x, D) when `node` is `cat([-x[..., D/2:], x[..., :D/2]], -1)` with a static even D, else None."""
-        if node.op != "call_function" or node.target != edge.cat.default or len(node.args[0]) != 2:
-            return None
-        negated, first = node.args[0]
-        if getattr(negated, "target", None) != edge.neg.default:
-            return None
-        second = negated.args[0]
-        if any(getattr(n, "target", None) != edge.slice_copy.Tensor for n in (first, second)):
-            return None
-        x = first.args[0]
-        if second.args[0] is not x or "val" not in x.meta:
-            return None
-        rank, size = x.meta["val"].dim(), x.meta["val"].shape[-1]
-        if not isinstance(size, int) or size % 2:
-            return None
-        last = rank - 1
-        dim = node.args[1] if len(node.args) > 1 else 0
-        if dim % rank != last or _span(first, rank, size) != (last, 0, size // 2):
-            return None
-        if _span(second, rank, size) != (last, size // 2, size):
-            return None
-        return x, size
+class _RotateHalfAsLinear(ExportedProgramPassBase):
+    """Each rotate-half becomes `linear(x, R)` with its own constant R (an `ExportedProgram` pass: it adds inputs)."""
 
-    class RotateHalfAsLinear(ExportedProgramPassBase):
-        def call(self, exported_program):
-            graph = exported_program.graph_module.graph
-            matches = [(node, found) for node in graph.nodes if (found := halves(node)) is not None]
-            first_input = next(n for n in graph.nodes if n.op == "placeholder")
-            for node, (x, size) in matches:
-                half = size // 2
-                dtype = x.meta["val"].dtype
-                rotation = torch.zeros(size, size, dtype=dtype)
-                rotation[torch.arange(half), torch.arange(half) + half] = -1
-                rotation[torch.arange(half) + half, torch.arange(half)] = 1
-                # One constant per use: XNNPACK's partitioner puts the users of one weight in one partition, which
-                # across layers can depend on itself through the attention ops between them.
-                with graph.inserting_before(first_input):
-                    weight = create_constant_placeholder(
-                        exported_program, graph, f"_rotate_half_{node.name}", InputKind.PARAMETER, rotation
-                    )
-                with graph.inserting_before(node):
-                    linear = graph.call_function(edge.linear.default, (x, weight))
-                linear.meta = dict(node.meta)
-                negated, first = node.args[0]
-                node.replace_all_uses_with(linear)
-                for dead in (node, negated, negated.args[0], first):
-                    if not dead.users:
-                        graph.erase_node(dead)
-            return ExportedProgramPassResult(exported_program, bool(matches))
-
-    return RotateHalfAsLinear
+    def call(self, exported_program):
+        graph = exported_program.graph_module.graph
+        matches = [(node, found) for node in graph.nodes if (found := _halves(node)) is not None]
+        first_input = next(n for n in graph.nodes if n.op == "placeholder")
+        for node, (x, size) in matches:
+            half = size // 2
+            rotation = torch.zeros(size, size, dtype=x.meta["val"].dtype)
+            rotation[torch.arange(half), torch.arange(half) + half] = -1
+            rotation[torch.arange(half) + half, torch.arange(half)] = 1
+            # One constant per use: XNNPACK's partitioner puts the users of one weight in one partition, which
+            # across layers can depend on itself through the attention ops between them.
+            with graph.inserting_before(first_input):
+                weight = create_constant_placeholder(
+                    exported_program, graph, f"_rotate_half_{node.name}", InputKind.PARAMETER, rotation
+                )
+            with graph.inserting_before(node):
+                linear = graph.call_function(_edge.linear.default, (x, weight))
+            linear.meta = dict(node.meta)
+            negated, first = node.args[0]
+            node.replace_all_uses_with(linear)
+            for dead in (node, negated, negated.args[0], first):
+                if not dead.users:
+                    graph.erase_node(dead)
+        return ExportedProgramPassResult(exported_program, bool(matches))
