@@ -93,6 +93,41 @@ def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path,
     assert_generation_matches_eager(eager_q, model, PROMPT, max_new_tokens=12)
 
 
+def test_linears_reading_the_same_input_average_it_once(grid_llama_dir):
+    model = load_eager(grid_llama_dir)
+    QuantizationSpec(linear="8da4w").apply(model)
+    ids = torch.randint(3, 512, (1, 5), generator=torch.Generator().manual_seed(0))
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(ids, use_cache=False).logits
+
+    program = torch.export.export(Logits(), (ids,), strict=False)
+    means = [n for n in program.graph.nodes if n.target == torch.ops.aten.mean.dim and list(n.args[1]) == [2, 3]]
+    # A layer's inputs: q / k / v's, o's, gate / up's, down's (7 linears, 4 inputs), 2 layers.
+    assert len(means) == 8
+
+    # Eager: the shared means follow the input, by identity and in-place writes.
+    attention = model.model.layers[0].self_attn
+    q, k = attention.q_proj, attention.k_proj
+    assert q._means is k._means
+    x = torch.randn(1, 3, q.in_features)
+
+    def alone(wrapper, x):
+        return wrapper.linear(x) + torch.nn.functional.linear(grid.GroupMeans(32)(x), wrapper.offsets)
+
+    with torch.no_grad():
+        assert torch.equal(q(x), alone(q, x)) and torch.equal(k(x), alone(k, x))
+        other = torch.randn_like(x)
+        assert torch.equal(k(other), alone(k, other))
+        q(x)
+        x.mul_(2)
+        assert torch.equal(k(x), alone(k, x))
+
+
 def _logit_error(model, reference, ids):
     with torch.no_grad():
         return float((model(ids).logits - reference).abs().max() / reference.abs().max())
