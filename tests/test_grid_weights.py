@@ -97,6 +97,7 @@ def test_linears_reading_the_same_input_average_it_once(grid_llama_dir):
     model = load_eager(grid_llama_dir)
     QuantizationSpec(linear="8da4w").apply(model)
     ids = torch.randint(3, 512, (1, 5), generator=torch.Generator().manual_seed(0))
+
     class Logits(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -126,6 +127,9 @@ def test_linears_reading_the_same_input_average_it_once(grid_llama_dir):
         q(x)
         x.mul_(2)
         assert torch.equal(k(x), alone(k, x))
+        # Held weakly: a finished forward's input is freed.
+        del x, other
+        assert q._means._last[0]() is None
 
 
 def _logit_error(model, reference, ids):

@@ -11,16 +11,17 @@ first term is a symmetric int4 group with scale `d`, the tensor XNNPACK's blockw
 is constant over each group, so its product with an input `x` is `mean of x over each group @ offsets.T * group
 size`.
 `GroupOffsetLinear` adds that term when some group needs it: a mean over groups of 32 inputs and a float linear
-of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights than the linear has. Linears
-of one module that read the same input (q / k / v, gate / up) share its means (`GroupMeans`): 7 -> 4 means a
-llama layer, a SmolLM2-135M decode step ~10% faster. Q4_1
+of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights than the linear has. Q4_1
 always needs it; Q4_0 only for groups whose scale GGUF stored negative (ggml divides by the signed value of
-largest magnitude, so a positive one gives levels -7..8, one past int4's 7).
+largest magnitude, so a positive one gives levels -7..8, one past int4's 7). Linears of one module that read the
+same input (q / k / v, gate / up) share its means (`GroupMeans`): 7 -> 4 means a llama layer, a SmolLM2-135M
+decode step ~10% faster.
 
 Exact in the eager model; XNNPACK keeps the group scales in bfloat16 (GGUF's are float16), so a weight of the
 `.pte` can move by up to ~1/64 of a step: far below the half step that rounding again costs.
 """
 
+import weakref
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -141,21 +142,25 @@ class GroupMeans:
     the linears that read the same input (q / k / v, gate / up): a program then averages each input once.
 
     Remembers only the last input (by identity and, in eager mode, its version counter, which in-place writes
-    advance), so the input of another call, or the same tensor written in place, is averaged again. A plain
-    object, not a module: the wrappers that share it keep their own state dicts."""
+    advance), so the input of another call, or the same tensor written in place, is averaged again. In eager
+    mode it holds the input weakly (a finished forward frees its activations). A plain object, not a module:
+    the wrappers that share it keep their own state dicts."""
 
     def __init__(self, group_size: int):
         self.group_size = group_size
         self._last = None
 
     def __call__(self, x):
-        last = self._last
-        # Under torch.export's strict tracing the version counter is a symbol; a trace holds no in-place writes.
-        if last is not None and last[0] is x and (torch.compiler.is_compiling() or last[1] == x._version):
-            return last[2]
+        # Under torch.export's strict tracing (dynamo) the version counter is a symbol and weak references are
+        # not traced; a trace holds no in-place writes, and its tensors live as long as the trace.
+        tracing = torch.compiler.is_compiling()
+        if self._last is not None:
+            held, version, means = self._last
+            if (held() if isinstance(held, weakref.ref) else held) is x and (tracing or version == x._version):
+                return means
         groups = x.shape[-1] // self.group_size
         means = x.reshape(-1, groups, self.group_size, 1).mean((2, 3), keepdim=True).reshape(*x.shape[:-1], groups)
-        self._last = (x, None if torch.compiler.is_compiling() else x._version, means)
+        self._last = (x, None, means) if tracing else (weakref.ref(x), x._version, means)
         return means
 
 
