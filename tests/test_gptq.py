@@ -117,3 +117,31 @@ def test_too_short_calibration_text_is_an_error_and_leaves_nothing(tiny_llama_di
         main_export(tiny_llama_dir, tmp_path / "out", qlinear="8da4w", qlinear_method="gptq",
                     calibration_data=str(tmp_path / "short.txt"))  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_input_statistics_stop_before_the_lm_head_and_match_a_full_forward(tiny_llama_dir):
+    from optimum_executorch.exporters.gptq import input_hessians
+
+    model = load_eager(tiny_llama_dir)
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "lm_head"]
+    batches = list(torch.randint(3, 500, (2, 2, 16), generator=torch.Generator().manual_seed(0)))
+    reference, head_calls = {}, []
+
+    def record(name):
+        def add(module, inputs):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            reference[name] = reference.get(name, 0) + x.T @ x
+
+        return add
+
+    handles = [model.get_submodule(name).register_forward_pre_hook(record(name)) for name in names]
+    with torch.no_grad():
+        for ids in batches:
+            model(input_ids=ids)
+    for handle in handles:
+        handle.remove()
+    model.lm_head.register_forward_hook(lambda *args: head_calls.append(1))
+    hessians = input_hessians(model, batches, names)
+    assert not head_calls  # the LM head's input was recorded, its logits never computed
+    for name in names:
+        torch.testing.assert_close(hessians[name], reference[name] / 64, rtol=1e-5, atol=1e-6)  # 2 x 2 x 16 rows

@@ -90,15 +90,24 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     return result, scales
 
 
+class _InputsRecorded(Exception):
+    """Stops a calibration forward at the output embedding once every named module has recorded its input."""
+
+
 def input_hessians(model, batches: Iterable[torch.Tensor], names: List[str]) -> Dict[str, torch.Tensor]:
-    """`X^T X / n` of the inputs of the named modules, over forward passes of `model` on the token batches."""
+    """`X^T X / n` of the inputs of the named modules, over forward passes of `model` on the token batches.
+
+    A forward stops before the output embedding (the LM head) once every named module has seen its input:
+    the logits are not needed (SmolLM2's head is a fifth of its weights, and its logits 200 MB a batch)."""
     modules = dict(model.named_modules())
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     sums: Dict[str, torch.Tensor] = {}
     counts: Dict[str, int] = {}
     last = [None, None]  # the latest input and its product: q/k/v (and gate/up) are fed the same tensor in a row
+    seen = set()
 
     def hook(name):
-        def record(module, inputs, output):
+        def record(module, inputs):
             x = inputs[0]
             if last[0] is not x:
                 flat = x.detach().reshape(-1, x.shape[-1]).float()
@@ -106,14 +115,25 @@ def input_hessians(model, batches: Iterable[torch.Tensor], names: List[str]) -> 
             product, rows = last[1]
             sums[name] = product.clone() if name not in sums else sums[name].add_(product)
             counts[name] = counts.get(name, 0) + rows
+            seen.add(name)
 
         return record
 
-    handles = [modules[name].register_forward_hook(hook(name)) for name in names]
+    def stop(module, inputs):
+        if len(seen) == len(names):
+            raise _InputsRecorded
+
+    handles = [modules[name].register_forward_pre_hook(hook(name)) for name in names]
+    if isinstance(head, torch.nn.Module):
+        handles.append(head.register_forward_pre_hook(stop))  # after the head's own record hook, if named
     try:
         with torch.no_grad():
             for ids in batches:
-                model(input_ids=ids)
+                seen.clear()
+                try:
+                    model(input_ids=ids)
+                except _InputsRecorded:
+                    pass
                 last[0] = last[1] = None
     finally:
         for handle in handles:
