@@ -97,16 +97,7 @@ def test_linears_reading_the_same_input_average_it_once(grid_llama_dir):
     model = load_eager(grid_llama_dir)
     QuantizationSpec(linear="8da4w").apply(model)
     ids = torch.randint(3, 512, (1, 5), generator=torch.Generator().manual_seed(0))
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(ids, use_cache=False).logits
-
-    program = torch.export.export(Logits(), (ids,), strict=False)
+    program = torch.export.export(model, (ids,), {"use_cache": False}, strict=False)
     means = [n for n in program.graph.nodes if n.target == torch.ops.aten.mean.dim and list(n.args[1]) == [2, 3]]
     # A layer's inputs: q / k / v's, o's, gate / up's, down's (7 linears, 4 inputs), 2 layers.
     assert len(means) == 8
