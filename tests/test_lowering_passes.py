@@ -123,3 +123,22 @@ def test_llama_8da4w_is_lowered_to_the_same_bytes_once_decomposed_and_with_fewer
     assert count_retraces["retrace"] < counts_plain["retrace"] / 2, (count_retraces, counts_plain)
     assert (counts_plain["decompose"], count_retraces["decompose"]) == (2, 1)
 
+
+
+def test_partition_merge_check_decides_as_executorch_on_every_pair(tiny_llama_dir, tmp_path, monkeypatch):
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+
+    from optimum_executorch.exporters.recipes.partition_merge import can_merge_partitions
+
+    original, decisions = GroupBasedPartitioner._can_merge_partitions, []
+
+    def both(self, p1, p2, partitions_by_id):
+        decision = original(self, p1, p2, partitions_by_id)
+        decisions.append((decision, can_merge_partitions(self, p1, p2, partitions_by_id)))
+        return decision
+
+    _use_fast_lowering(monkeypatch, False)
+    monkeypatch.setattr(GroupBasedPartitioner, "_can_merge_partitions", both)
+    main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=32, qlinear="8da4w", qembedding="8w")
+    assert all(ours == theirs for theirs, ours in decisions)
+    assert {theirs for theirs, _ in decisions} == {True, False}  # merges allowed and refused were both checked

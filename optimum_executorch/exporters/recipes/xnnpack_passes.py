@@ -46,12 +46,16 @@ collections, convert.py).
    per partition: ~40 s of a SmolLM2-135M 8da4w export (153 partitions of a ~12,000-node graph), against
    1.4 s for the sort itself. Nothing runs that code while the partitions are cut, so the sort is
    kept as it is and the code is generated once, after the last partition.
+
+5. The partitioner's pairwise merge check with set operations (`partition_merge.py`).
 """
 
 import contextlib
 import threading
 import types
 from typing import Any, Optional
+
+from .partition_merge import can_merge_partitions
 
 _state = threading.local()
 
@@ -343,6 +347,7 @@ def faster_lowering():
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from executorch.exir import lowered_backend_module
     from executorch.exir.backend import backend_api
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
     from executorch.exir.pass_base import ExportPass
     from torch._export.pass_base import _ExportPassBaseDeprecatedDoNotUse as TorchExportPass
     from torch.export import ExportedProgram
@@ -352,18 +357,19 @@ def faster_lowering():
         return
     originals = (XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions,
                  TorchExportPass.call, lowered_backend_module.legalize_graph,
-                 backend_api._create_partitions_in_graph_module)
+                 backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions)
     XNNPACKPassManager.transform = _transform(originals[0])
     ExportPass.call = _retrace(originals[1])
     ExportedProgram.run_decompositions = _decompositions(originals[2])
     TorchExportPass.call = _record(originals[3])
     lowered_backend_module.legalize_graph = _sort_without_codegen(originals[4])
     backend_api._create_partitions_in_graph_module = _partitions_cut_then_codegen(originals[5])
+    GroupBasedPartitioner._can_merge_partitions = can_merge_partitions
     _state.lowering, _state.last, _state.stale = True, None, None
     try:
         yield
     finally:
         (XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions,
          TorchExportPass.call, lowered_backend_module.legalize_graph,
-         backend_api._create_partitions_in_graph_module) = originals
+         backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions) = originals
         _state.lowering, _state.last, _state.stale = False, None, None
