@@ -145,3 +145,19 @@ def test_input_statistics_stop_before_the_lm_head_and_match_a_full_forward(tiny_
     assert not head_calls  # the LM head's input was recorded, its logits never computed
     for name in names:
         torch.testing.assert_close(hessians[name], reference[name] / 64, rtol=1e-5, atol=1e-6)  # 2 x 2 x 16 rows
+
+
+def test_statistics_recorded_while_sampling_match_a_forward_over_the_samples(tiny_llama_dir, monkeypatch):
+    from optimum_executorch.exporters import gptq
+
+    monkeypatch.setattr(gptq, "CALIBRATION_LENGTH", 40)  # 32 sequences: 32 rows a step, gathered across steps
+    model = load_eager(tiny_llama_dir)
+    names = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.1.mlp.down_proj",
+             "lm_head"]  # fmt: skip
+    sequences, hessians = gptq.sample_with_statistics(model, names)
+    assert sequences.shape == (gptq.CALIBRATION_SEQUENCES, 40)
+    # Every sampled token but the last was read by every module: a forward over them gives the same statistics.
+    reference = gptq.input_hessians(model, [sequences[:, :-1]], names)
+    for name in names:
+        torch.testing.assert_close(hessians[name], reference[name], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hessians[names[0]], hessians[names[1]], rtol=0, atol=0)

@@ -180,14 +180,11 @@ class QuantizationSpec:
         grids = self._grids_to_keep(model, eight_bit)
         float_linears, hessians = {}, {}
         if self.linear_method == "gptq":
-            from .gptq import calibration_batches, input_hessians
+            from .gptq import calibration_hessians
 
             float_linears = {name: m.weight.detach() for name, m in model.named_modules()
                              if type(m) is torch.nn.Linear and name not in grids}  # fmt: skip
-            start = time.perf_counter()
-            batches = calibration_batches(model, tokenizer, self.calibration_data)
-            hessians = input_hessians(model, batches, list(float_linears))
-            logger.info("GPTQ: input statistics of %d linears in %.1f s.", len(hessians), time.perf_counter() - start)
+            hessians = calibration_hessians(model, tokenizer, self.calibration_data, list(float_linears))
         if self.embedding:
             # Token embedding tables only (the input embedding and its tied copies): small position or bias
             # tables (T5's relative attention buckets) stay in float.
