@@ -220,7 +220,7 @@ def main():
     parser.add_argument("--max_seq_len", type=int, default=2048)
     parser.add_argument("--qlinear", default=None, help="export option, e.g. 8da4w")
     parser.add_argument("--qembedding", default=None, help="export option, e.g. 8w")
-    parser.add_argument("--qlinear_method", default="rtn", help="export option: rtn or gptq")
+    parser.add_argument("--qlinear_method", default="auto", help="export option: auto, rtn or gptq")
     parser.add_argument("--no_custom_sdpa", action="store_true", help="export with plain SDPA")
     parser.add_argument("--no_custom_kv_cache", action="store_true", help="export with an index_copy_ cache")
     parser.add_argument("--prompt_len", type=int, default=128)

@@ -112,8 +112,10 @@ def main():
 
     quantization = config.get("quantization") or {}
     label = "+".join(filter(None, [quantization.get("linear"), quantization.get("embedding")])) or config["dtype"]
-    if quantization.get("linear_method", "rtn") != "rtn":
-        label += f", {quantization['linear_method']} on {quantization.get('calibration_data') or 'self-sampled text'}"
+    gptq_linears = (quantization.get("layers") or {}).get("linear_gptq")
+    if gptq_linears:
+        label += f", gptq ({quantization['linear_method']}, {gptq_linears} linear(s)) on "
+        label += quantization.get("calibration_data") or "self-sampled text"
     if quantization.get("linear_8bit_layers"):
         label += f" ({'/'.join(quantization['linear_8bit_layers'])} at 8da8w)"
     report = {

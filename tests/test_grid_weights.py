@@ -87,7 +87,8 @@ def test_weights_off_the_grid_are_not_taken_for_one():
 def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path, attention):
     model, eager_q, config = _export_and_reference(grid_llama_dir, tmp_path / "et", qlinear="8da4w", **attention)
     # 14 decoder linears on a grid; the LM head (float) is rounded as usual.
-    assert config["quantization"]["layers"] == {"linear_group32": 15, "linear_on_grid": 14}
+    # The LM head, the one linear off the grid, is rounded by GPTQ (qlinear_method "auto").
+    assert config["quantization"]["layers"] == {"linear_group32": 15, "linear_on_grid": 14, "linear_gptq": 1}
     wrapped = [name for name, m in eager_q.named_modules() if isinstance(m, GroupOffsetLinear)]
     assert len(wrapped) == 14  # Q4_1 always needs the constant; these Q4_0 down projections have negative scales
     assert_generation_matches_eager(eager_q, model, PROMPT, max_new_tokens=12)
@@ -197,3 +198,29 @@ def test_grid_kept_in_float16_and_named_when_the_group_size_cannot_keep_it(caplo
         else:
             assert "linear_on_grid" not in summary
             assert any("--qlinear_group_size 32 to keep them" in r.getMessage() for r in caplog.records)
+
+
+def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_dir, tiny_llama_dir, monkeypatch):
+    from optimum_executorch.exporters import gptq
+    from optimum_executorch.exporters.quantization import AUTO_CALIBRATION_LENGTH
+
+    def head_after(directory, **options):
+        model = load_eager(directory)
+        summary = QuantizationSpec(linear="8da4w", **options).apply(model)
+        return summary.get("linear_gptq"), model.lm_head.weight.qdata
+
+    # Grid model: the float LM head gets GPTQ, on the shorter calibration; the same as asking for GPTQ with it.
+    layers, auto_head = head_after(grid_llama_dir)
+    _, rtn_head = head_after(grid_llama_dir, linear_method="rtn")
+    monkeypatch.setattr(gptq, "CALIBRATION_LENGTH", AUTO_CALIBRATION_LENGTH)
+    _, gptq_head = head_after(grid_llama_dir, linear_method="gptq")
+    assert layers == 1 and torch.equal(auto_head, gptq_head) and not torch.equal(auto_head, rtn_head)
+    # A model that cannot sample its calibration text is rounded to nearest, with a warning.
+    monkeypatch.setattr(gptq, "sample_with_statistics", lambda *args: (_ for _ in ()).throw(RuntimeError("no generate")))
+    layers, failed_head = head_after(grid_llama_dir)
+    assert layers is None and torch.equal(failed_head, rtn_head)
+    # Round to nearest where no grid is kept, and for a head kept at 8 bits.
+    for directory, options in ((tiny_llama_dir, {}), (grid_llama_dir, {"linear_8bit_layers": ("lm_head",)})):
+        layers, auto_head = head_after(directory, **options)
+        _, rtn_head = head_after(directory, linear_method="rtn", **options)
+        assert layers is None and torch.equal(auto_head, rtn_head)

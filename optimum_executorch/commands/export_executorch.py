@@ -76,9 +76,11 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
     )
     optional.add_argument(
         "--qlinear_method",
-        default="rtn",
-        help="How quantized linear weights are rounded: rtn (round to nearest, default) or gptq (calibrated on "
-        "text; better quality, same program size and speed, longer export).",
+        default="auto",
+        help="How quantized linear weights are rounded: auto (default: GPTQ for the few 4-bit linears of a decoder "
+        "that a GGUF Q4_0 / Q4_1 file does not put on a 4-bit grid, e.g. its LM head; round to nearest otherwise), "
+        "rtn (round to nearest) or gptq (every linear calibrated on text; better quality, same program size and "
+        "speed, longer export).",
     )
     optional.add_argument(
         "--calibration_data",

@@ -199,15 +199,17 @@ def input_hessians(model, batches: Iterable[torch.Tensor], names: List[str]) -> 
     return hessians
 
 
-def calibration_length(model) -> int:
-    """Tokens per calibration sequence: models with fewer positions (learned position tables) take shorter ones."""
+def calibration_length(model, length: Optional[int] = None) -> int:
+    """Tokens per calibration sequence (`length`, default CALIBRATION_LENGTH): models with fewer positions
+    (learned position tables) take shorter ones."""
+    length = length or CALIBRATION_LENGTH
     positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return min(CALIBRATION_LENGTH, positions or CALIBRATION_LENGTH)
+    return min(length, positions or length)
 
 
-def file_sequences(model, tokenizer, path: str) -> torch.Tensor:
+def file_sequences(model, tokenizer, path: str, length: Optional[int] = None) -> torch.Tensor:
     """Calibration sequences [<= CALIBRATION_SEQUENCES, length] cut from the UTF-8 text file `path`."""
-    length = calibration_length(model)
+    length = calibration_length(model, length)
     if tokenizer is None:
         raise ValueError(f"calibration_data '{path}' needs the model's tokenizer, which could not be loaded.")
     text = Path(path).read_text(encoding="utf-8")
@@ -224,14 +226,14 @@ def file_sequences(model, tokenizer, path: str) -> torch.Tensor:
     return ids[: count * length].reshape(count, length)
 
 
-def sample_with_statistics(model, names: List[str]):
+def sample_with_statistics(model, names: List[str], length: Optional[int] = None):
     """Samples calibration text from the model and records the named modules' input statistics on the way.
 
     Returns the sequences [CALIBRATION_SEQUENCES, length] and `input_hessians` of the sampled tokens but the last
     (the one no step reads): with the KV cache, the sampling steps feed every module the same rows a forward over
     the sequences would, so no second pass is needed. Temperature 1 from a random first token, seeded: no dataset,
     and the model's own distribution of text."""
-    length = calibration_length(model)
+    length = calibration_length(model, length)
     vocab_size = model.config.get_text_config().vocab_size
     first = torch.randint(0, vocab_size, (CALIBRATION_SEQUENCES, 1), generator=torch.Generator().manual_seed(0))
     products = _InputProducts(model, names)
@@ -247,14 +249,16 @@ def sample_with_statistics(model, names: List[str]):
     return sequences, hessians
 
 
-def calibration_hessians(model, tokenizer, path: Optional[str], names: List[str]) -> Dict[str, torch.Tensor]:
-    """The named linears' input Hessians on the text file `path`, or on text the model samples itself (`None`)."""
+def calibration_hessians(model, tokenizer, path: Optional[str], names: List[str],
+                         length: Optional[int] = None) -> Dict[str, torch.Tensor]:  # fmt: skip
+    """The named linears' input Hessians on the text file `path`, or on text the model samples itself (`None`),
+    in sequences of `length` tokens (default CALIBRATION_LENGTH)."""
     start = time.perf_counter()
     if path is not None:
-        sequences = file_sequences(model, tokenizer, path)
+        sequences = file_sequences(model, tokenizer, path, length)
         hessians = input_hessians(model, sequences.split(_BATCH), names)
     else:
-        sequences, hessians = sample_with_statistics(model, names)
+        sequences, hessians = sample_with_statistics(model, names, length)
     logger.info("GPTQ: input statistics of %d linears on %d sequences of %d tokens (%s) in %.1f s.", len(hessians),
                 *sequences.shape, path or "sampled", time.perf_counter() - start)  # fmt: skip
     return hessians

@@ -36,8 +36,9 @@ class ExportOptions:
             channel, the only choice for 8da8w).
         qlinear_8bit_layers: with `qlinear="8da4w"`, linear layers kept at 8da8w, by name (`down_proj`,
             `lm_head`, ...): the layers that lose the most at 4 bits.
-        qlinear_method: how the quantized linear weights are rounded: `rtn` (round to nearest, default) or `gptq`
-            (GPTQ on calibration text, text-generation only).
+        qlinear_method: how the quantized linear weights are rounded: `auto` (default: GPTQ for the few 4-bit
+            linears of a decoder that are not on a GGUF checkpoint's 4-bit grid, round to nearest otherwise),
+            `rtn` (round to nearest) or `gptq` (GPTQ on calibration text for every linear, text-generation only).
         calibration_data: with `qlinear_method="gptq"`, a UTF-8 text file to calibrate on; `None`: text the model
             samples itself.
         qembedding: quantize the embeddings (`4w`, `8w`).
@@ -74,7 +75,7 @@ class ExportOptions:
     qlinear: Optional[str] = None
     qlinear_group_size: Optional[int] = None
     qlinear_8bit_layers: Optional[List[str]] = None
-    qlinear_method: str = "rtn"
+    qlinear_method: str = "auto"
     calibration_data: Optional[str] = None
     qembedding: Optional[str] = None
     qembedding_group_size: int = 0
