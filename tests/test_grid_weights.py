@@ -200,7 +200,8 @@ def test_grid_kept_in_float16_and_named_when_the_group_size_cannot_keep_it(caplo
             assert any("--qlinear_group_size 32 to keep them" in r.getMessage() for r in caplog.records)
 
 
-def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_dir, tiny_llama_dir, monkeypatch):
+def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_dir, tiny_llama_dir, monkeypatch,
+                                                                    caplog):  # fmt: skip
     from optimum_executorch.exporters import gptq
     from optimum_executorch.exporters.quantization import AUTO_CALIBRATION_LENGTH
 
@@ -219,6 +220,7 @@ def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_d
     monkeypatch.setattr(gptq, "sample_with_statistics", lambda *args: (_ for _ in ()).throw(RuntimeError("no generate")))
     layers, failed_head = head_after(grid_llama_dir)
     assert layers is None and torch.equal(failed_head, rtn_head)
+    assert any("calibration failed (RuntimeError: no generate)" in r.getMessage() for r in caplog.records)
     # Round to nearest where no grid is kept, and for a head kept at 8 bits.
     for directory, options in ((tiny_llama_dir, {}), (grid_llama_dir, {"linear_8bit_layers": ("lm_head",)})):
         layers, auto_head = head_after(directory, **options)
