@@ -84,3 +84,34 @@ def test_smollm2_runner_engine_matches_python_engine_and_eager(smollm2_export, s
     expected = tokenizer.decode(greedy_eager(smollm2_eager, input_ids, 16)[0, input_ids.shape[1] :])
     assert texts["runner"] == texts["python"] == expected
     assert expected.startswith(" Paris")
+
+
+def test_gguf_file_is_parsed_once_for_config_model_and_tokenizer(smollm2_eager, monkeypatch):
+    import gguf
+
+    from optimum_executorch.exporters.loading import gguf_parsed_once, load_config, load_model, load_tokenizer
+    from optimum_executorch.exporters.options import ExportOptions
+
+    parses = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            parses.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    options = ExportOptions.from_kwargs(model=_smollm2_dir(), gguf_file=GGUF_FILE, output_dir="unused")
+    with gguf_parsed_once():
+        config = load_config(options)
+        model = load_model(options, AutoModelForCausalLM, {"attn_implementation": "sdpa"})
+        tokenizer = load_tokenizer(options)
+    assert len(parses) == 1, parses  # four reads: the plan's config, the model's config and weights, the tokenizer
+    assert gguf.GGUFReader is CountingReader  # restored
+    # What was loaded is what transformers loads on its own.
+    from transformers import AutoConfig
+
+    assert config.to_dict() == AutoConfig.from_pretrained(_smollm2_dir(), gguf_file=GGUF_FILE).to_dict()
+    reference = smollm2_eager.state_dict()
+    assert all(torch.equal(tensor, reference[name]) for name, tensor in model.state_dict().items())
+    expected = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=GGUF_FILE)
+    assert tokenizer(PROMPT).input_ids == expected(PROMPT).input_ids and len(tokenizer) == len(expected)

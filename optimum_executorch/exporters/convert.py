@@ -20,7 +20,7 @@ import torch
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
-from .loading import load_model, load_preprocessor, sentencepiece_model_file
+from .loading import gguf_parsed_once, load_model, load_preprocessor, sentencepiece_model_file
 from .options import ExportOptions
 from .quantization import QUANTIZED_KERNEL_LIBRARY
 from .plan import ExportPlan, make_plan
@@ -143,16 +143,17 @@ def main_export(
     _check_output_dir(output_dir, options.overwrite)
     start = time.perf_counter()
 
-    plan = make_plan(options)
-    if options.dry_run:
-        return plan
-    hf_config, export_config, task_spec, recipe = plan.hf_config, plan.export_config, plan.task_spec, plan.recipe
-    max_seq_len, quantization, custom_sdpa = plan.max_seq_len, plan.quantization, plan.custom_sdpa
-    custom_kv_cache, external_weights = plan.custom_kv_cache, plan.external_weights
+    with gguf_parsed_once():  # a GGUF checkpoint is read for the plan, the model and the tokenizer
+        plan = make_plan(options)
+        if options.dry_run:
+            return plan
+        hf_config, export_config, task_spec, recipe = plan.hf_config, plan.export_config, plan.task_spec, plan.recipe
+        max_seq_len, quantization, custom_sdpa = plan.max_seq_len, plan.quantization, plan.custom_sdpa
+        custom_kv_cache, external_weights = plan.custom_kv_cache, plan.external_weights
 
-    logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
-    eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
-    preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
+        logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
+        eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
+        preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
     tokenizer = preprocessors.get("tokenizer")
     quantized_layers = quantization.apply(eager, tokenizer) if quantization.enabled else {}
 

@@ -4,6 +4,8 @@ Sources: a local checkpoint directory, a Hugging Face Hub id (through huggingfac
 `HF_HUB_OFFLINE`), or a GGUF file (dequantized to a normal model on load).
 """
 
+import contextlib
+import functools
 import logging
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -27,6 +29,36 @@ def _source(options) -> Tuple[str, Dict[str, Any]]:
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     return source, kwargs
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """Within this block a GGUF file is parsed once, however often transformers reads it.
+
+    Loading a GGUF checkpoint for export reads the file four times (the config for the plan, the config and the
+    weights for the model, the tokenizer), each time building gguf's `GGUFReader`, which parses every metadata
+    field (SmolLM2-135M's 49,152-token vocabulary: ~2.5 s a parse on two cores), and mapping tensor names builds
+    gguf's `TensorNameMap` again for every submodule of the model (397 for SmolLM2, ~10 ms each). Here readers
+    are shared by path (and modification time) and name maps by (architecture, blocks); both are only read."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), os.stat(path).st_mtime_ns, mode)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
 def load_config(options):
