@@ -186,18 +186,11 @@ class QuantizationSpec:
 
         eight_bit = self._linears_kept_at_8_bits(model) if self.linear else set()
         grids = self._grids_to_keep(model, eight_bit)
-        float_linears = {name: m.weight.detach() for name, m in model.named_modules()
-                         if type(m) is torch.nn.Linear and name not in grids} if self.linear else {}  # fmt: skip
-        if self.linear_method == "auto":  # only the 4-bit ones: at 8 bits rounding to nearest loses little
-            float_linears = {name: w for name, w in float_linears.items() if model.get_submodule(name) not in eight_bit}
-        hessians, method = {}, self._method(model, grids, float_linears)
-        if method == "gptq":
+        float_linears, length = self._gptq_linears(model, grids, eight_bit)
+        hessians = {}
+        if float_linears:
             from .gptq import calibration_hessians
 
-            if self.linear_method == "auto":
-                logger.info("GPTQ for the %d linear(s) not on a 4-bit grid (%s; qlinear_method auto, 'rtn' skips it).",
-                            len(float_linears), ", ".join(list(float_linears)[:3]))  # fmt: skip
-            length = AUTO_CALIBRATION_LENGTH if self.linear_method == "auto" else None
             try:
                 hessians = calibration_hessians(model, tokenizer, self.calibration_data, list(float_linears), length)
             except Exception as error:  # "auto" asked for nothing: a model that cannot sample still exports
@@ -255,16 +248,29 @@ class QuantizationSpec:
         logger.info("Quantized with %s: %s", {k: v for k, v in self.to_dict().items() if v is not None}, summary)
         return summary
 
-    def _method(self, model, grids, off_grid) -> str:
-        """The rounding `linear_method` means for this model: "auto" is "gptq" for a decoder whose quantized linears
-        are on a kept grid but for a few (at most an eighth), "rtn" otherwise."""
-        if self.linear_method != "auto":
-            return self.linear_method
+    def _gptq_linears(self, model, grids, eight_bit) -> Tuple[Dict[str, Any], Optional[int]]:
+        """The linears GPTQ rounds (name -> float weight) and its calibration length (`None`: the default).
+
+        "gptq": every linear not on a kept grid. "auto": the 4-bit ones of a decoder whose quantized linears are on
+        a kept grid but for a few (at most an eighth), on `AUTO_CALIBRATION_LENGTH` tokens; none otherwise (at 8
+        bits rounding to nearest loses little). "rtn": none."""
+        import torch
+
+        if self.linear is None or self.linear_method == "rtn":
+            return {}, None
+        off_grid = {name: m.weight.detach() for name, m in model.named_modules()
+                    if type(m) is torch.nn.Linear and name not in grids}  # fmt: skip
+        if self.linear_method == "gptq":
+            return off_grid, None
+        off_grid = {name: w for name, w in off_grid.items() if model.get_submodule(name) not in eight_bit}
         config = getattr(model, "config", None)
         decoder = callable(getattr(model, "can_generate", None)) and model.can_generate() and config is not None \
             and not getattr(config, "is_encoder_decoder", False)  # fmt: skip
-        few = 0 < len(off_grid) <= len(grids) / 8
-        return "gptq" if decoder and few else "rtn"
+        if not (decoder and 0 < len(off_grid) <= len(grids) / 8):
+            return {}, None
+        logger.info("GPTQ for the %d linear(s) not on a 4-bit grid (%s; qlinear_method auto, 'rtn' skips it).",
+                    len(off_grid), ", ".join(list(off_grid)[:3]))  # fmt: skip
+        return off_grid, AUTO_CALIBRATION_LENGTH
 
     def _grids_to_keep(self, model, eight_bit) -> dict:
         """4-bit grouped linears whose float weights already sit on a 4-bit grid of the group size (see `grid.py`)."""
