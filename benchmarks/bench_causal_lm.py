@@ -43,7 +43,8 @@ def _prompt_ids(tokenizer, prompt_len: int):
 
 
 def _time_engine(model, tokenizer, prompt_len: int, new_tokens: int, repeats: int) -> dict:
-    """Prefill: one forward over the prompt. Decode: (new_tokens - 1) / (generate time - prefill time)."""
+    """Time to first token: `generate` of one token, which runs the prompt as generate does (transformers' asks
+    the model for the last position's logits only). Decode: (new_tokens - 1) / (generate time - that time)."""
     import torch
 
     ids = _prompt_ids(tokenizer, prompt_len)
@@ -56,7 +57,7 @@ def _time_engine(model, tokenizer, prompt_len: int, new_tokens: int, repeats: in
             model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
             for _ in range(repeats):
                 start = time.perf_counter()
-                model(ids)
+                model.generate(ids, max_new_tokens=1, do_sample=False)
                 prefill.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)

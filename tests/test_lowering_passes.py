@@ -54,11 +54,18 @@ def _use_fast_lowering(monkeypatch, fast):
 
 @pytest.fixture()
 def count_retraces(monkeypatch):
-    """Counts partition re-traces (`ExportPass.call`) and decompositions of programs of over 100 nodes."""
+    """Counts partition re-traces (`ExportPass.call`), decompositions of programs of over 100 nodes and program
+    checks (code generation, lint and verifier, run by ExecuTorch's pass manager)."""
     from executorch.exir.pass_base import ExportPass
+    from executorch.exir.pass_manager import ExportedProgramPassManager
 
-    calls = {"retrace": 0, "decompose": 0}
+    calls = {"retrace": 0, "decompose": 0, "check": 0}
     retrace, decompose = ExportPass.call, torch.export.ExportedProgram.run_decompositions
+    check = ExportedProgramPassManager.check
+
+    def counted_check(self, program):
+        calls["check"] += 1
+        return check(self, program)
 
     def counted_retrace(self, graph_module):
         calls["retrace"] += 1
@@ -70,6 +77,7 @@ def count_retraces(monkeypatch):
 
     monkeypatch.setattr(ExportPass, "call", counted_retrace)
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted_decompose)
+    monkeypatch.setattr(ExportedProgramPassManager, "check", counted_check)
     return calls
 
 
@@ -116,11 +124,13 @@ def test_llama_8da4w_is_lowered_to_the_same_bytes_once_decomposed_and_with_fewer
     plain = main_export(tiny_llama_dir, tmp_path / "plain", **options)
     counts_plain = dict(count_retraces)
     _use_fast_lowering(monkeypatch, True)
-    count_retraces.update(retrace=0, decompose=0)
+    count_retraces.update(retrace=0, decompose=0, check=0)
     fast = main_export(tiny_llama_dir, tmp_path / "fast", **options)
     assert (fast / "model.pte").read_bytes() == (plain / "model.pte").read_bytes()
-    # Each XNNPACK partition is re-traced once instead of by every pass (about 15 times).
+    # Each XNNPACK partition is re-traced once instead of by every pass (about 15 times), and checked once
+    # after its passes instead of before and after each.
     assert count_retraces["retrace"] < counts_plain["retrace"] / 2, (count_retraces, counts_plain)
+    assert count_retraces["check"] < counts_plain["check"] / 4, (count_retraces, counts_plain)
     assert (counts_plain["decompose"], count_retraces["decompose"]) == (2, 1)
 
 
@@ -142,3 +152,31 @@ def test_partition_merge_check_decides_as_executorch_on_every_pair(tiny_llama_di
     main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=32, qlinear="8da4w", qembedding="8w")
     assert all(ours == theirs for theirs, ours in decisions)
     assert {theirs for theirs, _ in decisions} == {True, False}  # merges allowed and refused were both checked
+
+
+@pytest.mark.parametrize("skip_dim_order", [False, True])
+def test_edge_operators_and_dim_orders_come_from_one_retrace(skip_dim_order, count_retraces):
+    # `_generate_edge_program` lists OpReplacePass and MemoryFormatOpsPass back to back: inside the lowering
+    # context they run as one re-trace, with the same edge program; without MemoryFormatOpsPass (or called one
+    # at a time, as ExecuTorch's `_to_edge` does) OpReplacePass runs alone.
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass
+    from executorch.exir.program import _program
+
+    model = _EveryPass().eval()
+    program = torch.export.export(model, _EveryPass.example_inputs())
+    config = EdgeCompileConfig(_skip_dim_order=skip_dim_order)
+    plain = to_edge(program, compile_config=config).exported_program()
+    plain_retraces = count_retraces["retrace"]
+    with FAST_CONTEXT(get_recipe("xnnpack")):
+        count_retraces["retrace"] = 0
+        fast = to_edge(program, compile_config=config).exported_program()
+        fast_retraces = count_retraces["retrace"]
+        gm = program.graph_module
+        alone = MemoryFormatOpsPass()(_program.OpReplacePass()(gm).graph_module).graph_module  # one at a time
+    assert (_program.OpReplacePass, _program.MemoryFormatOpsPass) == (OpReplacePass, MemoryFormatOpsPass)
+    assert fast.graph_module.code == plain.graph_module.code
+    if not skip_dim_order:
+        assert "dim_order_ops__to_dim_order_copy" in fast.graph_module.code
+    assert fast_retraces < plain_retraces if not skip_dim_order else fast_retraces <= plain_retraces
+    assert "torch.ops.aten" not in alone.code.replace("torch.ops.aten.sym_size", "")

@@ -1,6 +1,6 @@
-"""XNNPACK's lowering without the whole-graph re-traces and code generations that cannot change its result.
+"""XNNPACK's lowering without the whole-graph re-traces, checks and code generations that cannot change its result.
 
-Four shortcuts, all active only inside `faster_lowering()` (the XNNPACK recipe's lowering context), all
+Shortcuts, all active only inside `faster_lowering()` (the XNNPACK recipe's lowering context), all
 writing the same program bytes as ExecuTorch's own lowering (tested). A 4-layer SmolLM2-shaped 8da4w
 export: 61 s -> 26 s; SmolLM2-135M 8da4w: 462 s -> 220 s (1-3), 193 s -> 158 s (4 and fewer garbage
 collections, convert.py).
@@ -48,169 +48,26 @@ collections, convert.py).
    kept as it is and the code is generated once, after the last partition.
 
 5. The partitioner's pairwise merge check with set operations (`partition_merge.py`).
+
+6. A partition checked once. ExecuTorch's `_transform` checks the program (code generation, lint, verifier)
+   before and after each XNNPACK pass; here each partition is checked once, after its last pass (a 2-layer
+   tiny llama 8da4w: 356 -> 14 checks; SmolLM2-135M: ~8 s of a 126 s lowering under a sampling profiler).
+
+7. Edge operators and dim orders in one re-trace (`_edge_ops_in_one_retrace`): the whole-program
+   `OpReplacePass` and `MemoryFormatOpsPass` rewrite one operator at a time, so one re-trace through both.
+
+Which passes are idle on a graph is decided in `idle_passes.py`.
 """
 
 import contextlib
 import threading
 import types
-from typing import Any, Optional
+from typing import Optional
 
+from .idle_passes import idle_in_retrace, patterns_absent, structure, works_in_retrace
 from .partition_merge import can_merge_partitions
 
 _state = threading.local()
-
-
-def _structure(graph_module) -> tuple:
-    """What a re-trace reads of a graph: each node's name, kind, target and arguments (nodes by name)."""
-    import torch
-
-    def arg(value: Any) -> Any:
-        return torch.fx.node.map_arg(value, lambda node: ("%", node.name))
-
-    return tuple(
-        (node.name, node.op, str(node.target), repr(arg(node.args)), repr(arg(node.kwargs)))
-        for node in graph_module.graph.nodes
-    )
-
-
-def _call_targets(graph_module) -> set:
-    return {node.target for node in _operator_nodes(graph_module)}
-
-
-def _works_in_retrace(pass_type) -> bool:
-    """Whether a pass changes the graph while it is re-traced (an interpreter hook of its own)."""
-    from executorch.exir.pass_base import ExportPass
-
-    hooks = ("call_operator", "call_sym", "call_cond", "call_map", "call_delegate", "call_getitem",
-             "call_submodule", "placeholder", "output", "run_node", "call_function", "call_scalar")
-    return any(getattr(pass_type, hook, None) is not getattr(ExportPass, hook, None) for hook in hooks)
-
-
-def _operator_nodes(graph_module):
-    return [node for node in graph_module.graph.nodes if node.op == "call_function"]
-
-
-def _schema_values(node):
-    """(schema argument, value) for each argument a node passes to its operator."""
-    arguments = node.target._schema.arguments
-    pairs = list(zip(arguments, node.args))
-    by_name = {argument.name: argument for argument in arguments}
-    return pairs + [(by_name[name], value) for name, value in node.kwargs.items() if name in by_name]
-
-
-def _no_const_sources(graph_module) -> bool:
-    # ConstPropPass folds a node only when every input is constant; the first such node has no node inputs.
-    import torch
-
-    return all(node.all_input_nodes for node in _operator_nodes(graph_module)) and not any(
-        isinstance(getattr(graph_module, str(node.target), None), torch.Tensor)
-        for node in graph_module.graph.nodes if node.op == "get_attr"
-    )
-
-
-def _aten_targets_only(graph_module) -> bool:
-    """Whether every node reaches a pass's `call_operator` as an ATen operator, or not at all (symbolic
-    arithmetic; higher-order operators that a re-trace copies blindly, e.g. `auto_functionalized_v2`)."""
-    import torch
-
-    higher = torch.ops.higher_order
-    with_subgraphs = (higher.cond, higher.while_loop, higher.map_impl, higher.scan)
-    return all(
-        isinstance(node.target, torch._ops.OpOverload)
-        or getattr(node.target, "__module__", None) in ("_operator", "builtins", "math")
-        or (isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in with_subgraphs)
-        for node in _operator_nodes(graph_module)
-    )
-
-
-def _no_views(graph_module) -> bool:
-    # ReplaceBrokenOpsWithFunctionalOpsPass replaces every view operator by its copy.
-    import torch
-
-    return _aten_targets_only(graph_module) and not any(
-        isinstance(node.target, torch._ops.OpOverload) and node.target.is_view for node in _operator_nodes(graph_module)
-    )
-
-
-def _no_symbols_as_tensors(graph_module) -> bool:
-    # SymToTensorPass wraps a SymInt / SymFloat / SymBool passed where the schema wants a Tensor.
-    import torch
-
-    return _aten_targets_only(graph_module) and not any(
-        isinstance(argument.type, torch.TensorType)
-        and isinstance(value, torch.fx.Node)
-        and not isinstance(value.meta.get("val"), torch.Tensor)
-        for node in _operator_nodes(graph_module)
-        if isinstance(node.target, torch._ops.OpOverload)
-        for argument, value in _schema_values(node)
-    )
-
-
-def _no_mixed_types(graph_module) -> bool:
-    # RemoveMixedTypeOperators casts the inputs of these binary operators to their promoted dtype.
-    import torch
-    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-
-    aten = torch.ops.aten
-    default, int_to_float = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT, ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
-    kinds = {aten.add.Tensor: default, aten.mul.Tensor: default, aten.sub.Tensor: default,
-             aten.div.Tensor: int_to_float, aten.div.Tensor_mode: default, aten.minimum.default: default}
-    if not _aten_targets_only(graph_module):
-        return False
-    for node in _operator_nodes(graph_module):
-        if node.target not in kinds or len(node.args) <= 1:
-            continue
-        kind = kinds[node.target]
-        if node.target == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
-            kind = int_to_float
-        values = [value.meta.get("val") if isinstance(value, torch.fx.Node) else value for value in node.args]
-        if not all(isinstance(value, torch.Tensor) for value in values) or any(
-            isinstance(value, torch.fx.Node) for value in node.kwargs.values()
-        ):
-            return False
-        promoted = elementwise_dtypes(*values, type_promotion_kind=kind)[1]
-        if any(value.dtype != promoted for value in values):
-            return False
-    return True
-
-
-def _idle_in_retrace(pass_, graph_module) -> bool:
-    """For a pass that works inside the re-trace: True when it has provably nothing to change here."""
-    import torch
-    from executorch.exir.passes.const_prop_pass import ConstPropPass
-    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass, MemoryFormatOpsMap
-    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
-    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
-    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
-        ReplaceBrokenOpsWithFunctionalOpsPass,
-    )
-    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
-
-    idle = {
-        DimOrderOpsRevertPass: lambda gm: not (_call_targets(gm) & set(MemoryFormatOpsMap)),
-        ConstPropPass: _no_const_sources,
-        NormalizeTransposePass: lambda gm: _aten_targets_only(gm) and torch.ops.aten.t.default not in _call_targets(gm),
-        ReplaceBrokenOpsWithFunctionalOpsPass: _no_views,
-        SymToTensorPass: _no_symbols_as_tensors,
-        RemoveMixedTypeOperators: _no_mixed_types,
-    }.get(type(pass_))
-    return idle is not None and idle(graph_module)
-
-
-def _patterns_absent(pass_type, graph_module) -> bool:
-    """For the pattern-matching passes: True when no pattern can match (an op of each is missing)."""
-    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
-    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
-    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
-
-    if pass_type is ConvertToUpsampleBilinear2d:
-        patterns = list(bilinear_2d.get_graphs_dict())
-    elif pass_type is ConvertToSDPAPass:
-        patterns = list(sdpa.get_graphs())
-    else:
-        return False
-    present = _call_targets(graph_module)
-    return all(not _call_targets(pattern) <= present for pattern in patterns)
 
 
 def _retrace(original):
@@ -222,15 +79,15 @@ def _retrace(original):
             return original(self, graph_module)
         last: Optional[tuple] = getattr(_state, "last", None)
         if last is not None:
-            if _works_in_retrace(type(self)):
-                skip = _idle_in_retrace(self, graph_module)
+            if works_in_retrace(type(self)):
+                skip = idle_in_retrace(self, graph_module)
             else:  # a pass that did its work before calling the re-trace (or none: a bare `ExportPass`, which
                 # `SpecPropPass` runs to refresh the metadata) is idle when the graph is unchanged
                 skip = getattr(_state, "partition", False) or type(self) is ExportPass
-            if skip and _structure(graph_module) == last:
+            if skip and structure(graph_module) == last:
                 return PassResult(graph_module, False)
         result = original(self, graph_module)
-        _state.last = _structure(result.graph_module)
+        _state.last = structure(result.graph_module)
         return result
 
     return call
@@ -243,7 +100,7 @@ def _record(original):
     def call(self, graph_module):
         result = original(self, graph_module)
         if getattr(_state, "lowering", False):
-            _state.last = _structure(result.graph_module)
+            _state.last = structure(result.graph_module)
         return result
 
     return call
@@ -253,23 +110,71 @@ def _transform(original):
     def transform(self):
         from executorch.backends.xnnpack._passes import XNNPACKPass
         from executorch.exir.pass_base import ExportPass
-        from executorch.exir.program._program import _transform as apply_pass
+        from executorch.exir.pass_manager import ExportedProgramPassManager
+        from executorch.exir.program._program import _transform_with_pass_manager
 
         if not all(isinstance(p, type) and issubclass(p, ExportPass) for p in self.passes):
             return original(self)
-        _state.partition, _state.last = True, _structure(self.exported_program.graph_module)
+        _state.partition, _state.last = True, structure(self.exported_program.graph_module)
         try:
             ep = self.exported_program
             for pass_type in self.passes:
-                if _patterns_absent(pass_type, ep.graph_module) and _structure(ep.graph_module) == _state.last:
+                if patterns_absent(pass_type, ep.graph_module) and structure(ep.graph_module) == _state.last:
                     continue
-                ep = apply_pass(ep, pass_type(ep) if issubclass(pass_type, XNNPACKPass) else pass_type())
+                # ExecuTorch's `_transform` checks the program (code generation, lint, verifier) before and after
+                # each pass; the partition is checked once, after its last pass.
+                pass_ = pass_type(ep) if issubclass(pass_type, XNNPACKPass) else pass_type()
+                manager = ExportedProgramPassManager([pass_])
+                manager.check = lambda program: None
+                ep = _transform_with_pass_manager(ep, manager)
+            ExportedProgramPassManager().check(ep)
             return ep
         finally:
             _state.partition, _state.last = False, None
 
     transform._optimum_executorch_original = original
     return transform
+
+
+def _edge_ops_in_one_retrace(op_replace, memory_format):
+    """Stand-ins for `OpReplacePass` (ATen operators to edge operators) and `MemoryFormatOpsPass` (memory formats
+    to dim orders), which `_generate_edge_program` lists back to back, each a re-trace of the whole program.
+
+    Both rewrite one operator at a time in `call_operator` and override nothing else, so one re-trace through
+    both hooks in turn (ATen to edge, then the dim order of that edge operator) rewrites each node as the two
+    re-traces did. The first stand-in, when the second is created before it runs (as in that list), runs both;
+    the second then returns the graph the first made. Otherwise (`_to_edge` calls each as soon as it is
+    made), each runs alone.
+    """
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    both = type("OpReplaceAndMemoryFormatOpsPass", (op_replace, memory_format), {})
+
+    class EdgeOps(op_replace):
+        def __init__(self):
+            super().__init__()
+            self.with_dim_orders, self.made = False, None  # not `output`: an ExportPass hook
+            _state.edge_ops = self
+
+        def call(self, graph_module):
+            _state.edge_ops = None
+            result = both().call(graph_module) if self.with_dim_orders else super().call(graph_module)
+            self.made = result.graph_module
+            return result
+
+    class DimOrders(memory_format):
+        def __init__(self):
+            super().__init__()
+            self.done_by, _state.edge_ops = getattr(_state, "edge_ops", None), None
+            if self.done_by is not None:
+                self.done_by.with_dim_orders = True
+
+        def call(self, graph_module):
+            if self.done_by is not None and self.done_by.made is graph_module:
+                return PassResult(graph_module, True)
+            return super().call(graph_module)
+
+    return EdgeOps, DimOrders
 
 
 def _sort_without_codegen(original):
@@ -349,6 +254,7 @@ def faster_lowering():
     from executorch.exir.backend import backend_api
     from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
     from executorch.exir.pass_base import ExportPass
+    from executorch.exir.program import _program
     from torch._export.pass_base import _ExportPassBaseDeprecatedDoNotUse as TorchExportPass
     from torch.export import ExportedProgram
 
@@ -357,7 +263,8 @@ def faster_lowering():
         return
     originals = (XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions,
                  TorchExportPass.call, lowered_backend_module.legalize_graph,
-                 backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions)
+                 backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions,
+                 _program.OpReplacePass, _program.MemoryFormatOpsPass)
     XNNPACKPassManager.transform = _transform(originals[0])
     ExportPass.call = _retrace(originals[1])
     ExportedProgram.run_decompositions = _decompositions(originals[2])
@@ -365,11 +272,13 @@ def faster_lowering():
     lowered_backend_module.legalize_graph = _sort_without_codegen(originals[4])
     backend_api._create_partitions_in_graph_module = _partitions_cut_then_codegen(originals[5])
     GroupBasedPartitioner._can_merge_partitions = can_merge_partitions
-    _state.lowering, _state.last, _state.stale = True, None, None
+    _program.OpReplacePass, _program.MemoryFormatOpsPass = _edge_ops_in_one_retrace(*originals[7:])
+    _state.lowering, _state.last, _state.stale, _state.edge_ops = True, None, None, None
     try:
         yield
     finally:
         (XNNPACKPassManager.transform, ExportPass.call, ExportedProgram.run_decompositions,
          TorchExportPass.call, lowered_backend_module.legalize_graph,
-         backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions) = originals
-        _state.lowering, _state.last, _state.stale = False, None, None
+         backend_api._create_partitions_in_graph_module, GroupBasedPartitioner._can_merge_partitions,
+         _program.OpReplacePass, _program.MemoryFormatOpsPass) = originals
+        _state.lowering, _state.last, _state.stale, _state.edge_ops = False, None, None, None
