@@ -40,13 +40,15 @@ def _lower(model, example, dynamic_shapes, monkeypatch, with_rewrites=True):
         edge = to_edge_transform_and_lower(
             program, partitioner=recipe.partitioners(), transform_passes=recipe.edge_passes() or None
         )
-    graph = edge.exported_program().graph_module.graph
-    outside = [str(n.target) for n in graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)]
-    delegates = sum("executorch_call_delegate" in name for name in outside)
-    outside = [name for name in outside if "executorch_call_delegate" not in name and "sym_size" not in name]
+    graph_module = edge.exported_program().graph_module
+    calls = [n for n in graph_module.graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)]
+    delegated = [n for n in calls if "executorch_call_delegate" in str(n.target)]
+    outside = [str(n.target) for n in calls if n not in delegated and "sym_size" not in str(n.target)]
+    lowered = [getattr(graph_module, n.args[0].target).original_module for n in delegated]
+    inside = [str(m.target) for module in lowered for m in module.graph.nodes if m.op == "call_function"]
     buffer = edge.to_executorch().buffer  # kept alive with the method: the loaded program reads it in place
     method = Runtime.get().load_program(buffer).load_method("forward")
-    return SimpleNamespace(method=method, buffer=buffer, delegates=delegates, outside=outside)
+    return SimpleNamespace(method=method, buffer=buffer, delegates=len(delegated), outside=outside, inside=inside)
 
 
 def _inputs(length, generator):
@@ -74,10 +76,44 @@ def test_rotate_half_and_head_reshapes_stay_in_the_delegate(monkeypatch):
     plain = _lower(model, example, _dynamic(), monkeypatch, with_rewrites=False)
     # Without the rewrites the head reshape and rotate-half's two slices ran outside XNNPACK, cutting it in three.
     assert sum("slice_copy" in name for name in plain.outside) == 2 and any("view_copy" in n for n in plain.outside)
-    assert not any(op in name for name in lowered.outside for op in ("slice", "cat", "neg", "view")), lowered.outside
-    # Left outside by choice: RMSNorm's mean and RoPE's unsqueezes (cheaper as portable kernels on a decode step).
-    assert lowered.delegates < plain.delegates, (lowered.delegates, plain.delegates)
+    assert any("mean" in name for name in plain.outside) and sum("permute" in n for n in plain.inside) == 2
+    outside_ops = ("slice", "cat", "neg", "view", "mean", "permute")
+    assert not any(op in name for name in lowered.outside for op in outside_ops), lowered.outside
+    # RMSNorm's mean is a linear inside the delegate; RoPE runs on [batch, seq, heads, head_dim] as the module's
+    # input and output are laid out, so the transposes there and back are gone.
+    assert not any("permute" in name or "mean" in name for name in lowered.inside), lowered.inside
+    # Left outside by choice: RoPE's unsqueezes of cos / sin (cheaper as portable kernels on a decode step).
+    assert lowered.delegates == 1 < plain.delegates, (lowered.delegates, plain.delegates)
     _assert_runs_like_eager(lowered.method, model)
+
+
+class _HeadTransposes(torch.nn.Module):
+    """Heads moved to dim 1 and back: around RoPE-like ops, with nothing between, and from a transpose whose
+    result is also used elsewhere (kept for that use)."""
+
+    def forward(self, x, cos, sin):
+        heads = x.view(*x.shape[:-1], 4, 16)
+        q = heads.transpose(1, 2)
+        rope = (q * cos.unsqueeze(1) + q * sin.unsqueeze(1)).transpose(1, 2)
+        v = heads.transpose(1, 2).transpose(1, 2)
+        shared = (heads * 2).transpose(1, 2)
+        kept = (shared * cos.unsqueeze(1)).transpose(1, 2)
+        return (rope + v + kept).reshape(*x.shape[:-1], -1), shared.sum(-1)
+
+
+def test_transposes_of_heads_and_back_are_pulled_through_ropes_ops(monkeypatch):
+    model = _HeadTransposes().eval()
+    example = _inputs(5, torch.Generator().manual_seed(0))
+    lowered = _lower(model, example, _dynamic(), monkeypatch)
+    plain = _lower(model, example, _dynamic(), monkeypatch, with_rewrites=False)
+    permutes = [sum("permute" in name for name in p.inside + p.outside) for p in (plain, lowered)]
+    # Six before; left: the transpose whose result is also returned (the mul after it reads its input instead).
+    assert permutes == [6, 1], permutes
+    generator = torch.Generator().manual_seed(1)
+    for length in (1, 7):
+        inputs = _inputs(length, generator)
+        for actual, expected in zip(lowered.method.execute(list(inputs)), model(*inputs)):
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_rotation_other_than_rotate_half_is_left_as_it_is(monkeypatch):
