@@ -185,6 +185,8 @@ def _moved_unsqueeze(node, dims):
     other sizes keep their order under `dims`; else None."""
     if node.op != "call_function" or node.target != _edge.unsqueeze_copy.default:
         return None
+    if "val" not in node.meta or node.meta["val"].dim() != len(dims):  # a lower rank broadcasts from the right
+        return None
     inserted = node.args[1] % len(dims)
     others = [d for d in dims if d != inserted]
     return (node.args[0], dims.index(inserted)) if others == sorted(others) else None
