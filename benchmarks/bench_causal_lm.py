@@ -5,8 +5,9 @@ export time, peak RSS of the export, program size (`model.pte` + `model.ptd`) ag
 bytes, load time, prefill tokens/s of a `--prompt_len` prompt and decode tokens/s over `--new_tokens`
 greedy tokens (medians of `--repeats`), for the eager model, our Python engine and ExecuTorch's C++
 runner (`engine="runner"`). Each engine runs in its own fresh process with default settings (no thread
-variables), so none skews another. It also measures the machine's memory read bandwidth and prints the
-decode floor it implies: bandwidth / weight bytes read per token.
+variables), so none skews another. It also measures the machine's memory bandwidth (read and copy, in a
+fresh process before each engine and once after the last, since a shared VM's bandwidth drifts within
+the hour) and prints the decode floor the median implies: bandwidth / weight bytes read per token.
 
 Writes JSON (`--json`) and prints a markdown table.
 
@@ -112,16 +113,38 @@ def _program_files(export_dir: Path) -> dict:
 
 
 def run_bandwidth(args) -> dict:
-    """Memory read bandwidth with the default threads: the median time to sum a 512 MB tensor."""
+    """Memory bandwidth with the default threads, medians of 7: read (sum a 512 MB tensor: the bytes read) and
+    copy (copy it into another: bytes read + bytes written, STREAM's convention)."""
     import torch
 
     data = torch.ones(128 * 1024 * 1024, dtype=torch.float32)
-    times = []
-    for _ in range(7):
-        start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return {"read_gb_per_s": data.numel() * 4 / statistics.median(times) / 1e9, "threads": torch.get_num_threads()}
+    copy = torch.empty_like(data)
+    copy.copy_(data)  # touch the destination's pages before timing
+
+    def seconds(step) -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    nbytes = data.numel() * data.element_size()
+    return {
+        "read_gb_per_s": nbytes / seconds(data.sum) / 1e9,
+        "copy_gb_per_s": 2 * nbytes / seconds(lambda: copy.copy_(data)) / 1e9,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _bandwidth_summary(samples: list) -> dict:
+    """The median and range over the samples taken around the engines."""
+    summary = {"samples": samples}
+    for key in ("read_gb_per_s", "copy_gb_per_s"):
+        values = [s[key] for s in samples]
+        summary[key] = statistics.median(values)
+        summary[key.replace("_gb_per_s", "_range_gb_per_s")] = [min(values), max(values)]
+    return summary
 
 
 def run_eager(args) -> dict:
@@ -184,7 +207,8 @@ def _child(stage: str, args) -> dict:
 
 def _table(report: dict) -> str:
     e, p, r, x, f = report["eager"], report["pte"], report["runner"], report.get("export", {}), report["files"]
-    floor = report["bandwidth"]["read_gb_per_s"] * 1e3 / f["read_per_token_mb"]
+    bw = report["bandwidth"]
+    floors = {kind: bw[f"{kind}_gb_per_s"] * 1e3 / f["read_per_token_mb"] for kind in ("read", "copy")}
     rows = [
         ("export time (s)", "", f"{x['export_s']:.0f}" if x else "(reused)", ""),
         ("export peak RSS (MB)", "", f"{x['export_peak_rss_mb']:.0f}" if x else "", ""),
@@ -206,10 +230,15 @@ def _table(report: dict) -> str:
     lines.append(
         f"\nSame greedy tokens from eager and the Python engine: {same}. Decode speed-up: "
         f"{p['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x, prefill speed-up: "
-        f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x. Bandwidth floor: "
-        f"{report['bandwidth']['read_gb_per_s']:.1f} GB/s read / {f['read_per_token_mb']:.1f} MB a token = "
-        f"{floor:.0f} tok/s (Python engine at {floor / p['decode_tokens_per_s']:.2f}x of it)."
+        f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x."
     )
+    for kind in ("read", "copy"):
+        low, high = bw[f"{kind}_range_gb_per_s"]
+        lines.append(
+            f"Bandwidth floor ({kind}): {bw[f'{kind}_gb_per_s']:.1f} GB/s (median of {len(bw['samples'])} samples, "
+            f"{low:.1f}-{high:.1f}) / {f['read_per_token_mb']:.1f} MB a token = {floors[kind]:.0f} tok/s; Python engine "
+            f"at {floors[kind] / p['decode_tokens_per_s']:.2f}x of it, runner at {floors[kind] / r['decode_tokens_per_s']:.2f}x."
+        )
     return "\n".join(lines)
 
 
@@ -247,8 +276,12 @@ def main():
         report["export"] = _child("export", args)
     report["export_dir"] = args.export_dir
     report["files"] = _program_files(Path(args.export_dir))
-    for stage in ("bandwidth", "eager", "pte", "runner"):
+    bandwidth = []
+    for stage in ("eager", "pte", "runner"):
+        bandwidth.append(_child("bandwidth", args))
         report[stage] = _child(stage, args)
+    bandwidth.append(_child("bandwidth", args))
+    report["bandwidth"] = _bandwidth_summary(bandwidth)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(_table(report))
