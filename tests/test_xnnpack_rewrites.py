@@ -139,3 +139,26 @@ def test_reshapes_with_a_symbolic_size_stay_in_the_delegate(monkeypatch):
             output = lowered.method.execute([inputs])[0]
             torch.testing.assert_close(output, model(inputs).detach(), rtol=1e-5, atol=1e-5)
     assert delegates == {True: 1, False: 2}, delegates
+
+
+class _PerHeadScale(torch.nn.Module):
+    """Heads moved to dim 1, scaled by a [heads, head_dim] weight unsqueezed to [heads, 1, head_dim] (rank 3: it
+    broadcasts from the right against the rank-4 heads), and moved back."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(4, 16), requires_grad=False)
+
+    def forward(self, x, cos, sin):
+        q = x.view(*x.shape[:-1], 4, 16).transpose(1, 2)
+        return (q * self.scale.unsqueeze(1) + q * cos.unsqueeze(1)).transpose(1, 2).reshape(*x.shape[:-1], -1)
+
+
+def test_an_unsqueeze_of_lower_rank_is_not_moved_as_a_head_dim(monkeypatch):
+    # Moving the transposes back through the mul would need the [4, 1, 16] operand as [4, 16, 1]'s rank-4 form;
+    # an unsqueeze that broadcasts from the right is not one the pull-back can move, so the transposes stay.
+    torch.manual_seed(0)
+    model = _PerHeadScale().eval()
+    lowered = _lower(model, _inputs(5, torch.Generator().manual_seed(0)), _dynamic(), monkeypatch)
+    assert sum("permute" in name for name in lowered.inside + lowered.outside) == 2
+    _assert_runs_like_eager(lowered.method, model)
