@@ -29,10 +29,10 @@ def _export_and_reference(src, out, **options):
         linear_8bit_layers=options.get("qlinear_8bit_layers"),
     ).apply(eager_q)
     if options.get("qlinear") == "8da4w":
-        for module in eager_q.modules():
-            # XNNPACK keeps bfloat16 scales for 4-bit weights only (8-bit per-channel scales stay float32: the
-            # layers kept at 8 bits, the grid linears' offsets).
-            if isinstance(module, torch.nn.Linear) and module.weight.target_dtype == torch.int4:
+        eight_bit = tuple(options.get("qlinear_8bit_layers") or ())
+        for name, module in eager_q.named_modules():
+            # XNNPACK keeps bfloat16 scales for 4-bit groups only (8-bit per-channel scales stay float32).
+            if isinstance(module, torch.nn.Linear) and not name.endswith(eight_bit):
                 module.weight.scale.data = module.weight.scale.data.to(torch.bfloat16).float()
     return ExecuTorchModelForCausalLM.from_pretrained(out), eager_q, json.loads((out / "executorch_config.json").read_text())
 

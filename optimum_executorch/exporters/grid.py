@@ -10,16 +10,15 @@ Kept here as `w = d * (q - 8) + (m + 8 d)` (Q4_1; a Q4_0 group with a positive s
 first term is a symmetric int4 group with scale `d`, the tensor XNNPACK's blockwise 4-bit kernels take; the second
 is constant over each group, so its product with an input `x` is `mean of x over each group @ offsets.T * group
 size`.
-`GroupOffsetLinear` adds that term when some group needs it: a mean over groups of 32 inputs and an 8-bit linear
-of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more 8-bit weights than the linear has. Q4_1
+`GroupOffsetLinear` adds that term when some group needs it: a mean over groups of 32 inputs and a float linear
+of `in / 32` inputs, both inside XNNPACK's delegate, for `1 / 32` more float weights than the linear has. Q4_1
 always needs it; Q4_0 only for groups whose scale GGUF stored negative (ggml divides by the signed value of
 largest magnitude, so a positive one gives levels -7..8, one past int4's 7). Linears of one module that read the
 same input (q / k / v, gate / up) share its means (`GroupMeans`): 7 -> 4 means a llama layer, a SmolLM2-135M
 decode step ~10% faster.
 
-The 4-bit term is exact in the eager model; XNNPACK keeps the group scales in bfloat16 (GGUF's are float16), so
-a weight of the `.pte` can move by up to ~1/64 of a step: far below the half step that rounding again costs. The
-constants are rounded to 8 bits per output (up to 1/254 of a row's largest), the means to int8 per token.
+Exact in the eager model; XNNPACK keeps the group scales in bfloat16 (GGUF's are float16), so a weight of the
+`.pte` can move by up to ~1/64 of a step: far below the half step that rounding again costs.
 """
 
 import weakref
@@ -106,16 +105,14 @@ class GroupOffsetLinear(torch.nn.Module):
     """`linear(x) + group means of x @ offsets.T`: a quantized linear plus the per-group constant of its weights.
 
     `offsets` [out, in / group] are the groups' constants times the group size (the mean times the group size is
-    the sum), stored as a linear of their own with 8-bit weights (one scale per output) and int8 dynamic
-    activations, like an 8da8w linear: a quarter of the float bytes, which a decode step reads. The group mean is
-    a 4-D `mean` over the two innermost dimensions, the form XNNPACK lowers."""
+    the sum). The group mean is a 4-D `mean` over the two innermost dimensions, the form XNNPACK lowers."""
 
     def __init__(self, linear: torch.nn.Module, offsets: torch.Tensor, group_size: int, means=None):
         super().__init__()
         self.linear = linear
         self.group_size = group_size
         dtype = linear.weight.dtype if linear.weight.dtype.is_floating_point else torch.float32
-        self.offsets = _offset_linear((offsets * group_size).to(dtype))
+        self.offsets = torch.nn.Parameter((offsets * group_size).to(dtype), requires_grad=False)
         # Shared with the sibling linears (same parent module) that may read the same input.
         self._means = means if means is not None else GroupMeans(group_size)
 
@@ -137,21 +134,7 @@ class GroupOffsetLinear(torch.nn.Module):
         return self.linear.out_features
 
     def forward(self, x):
-        return self.linear(x) + self.offsets(self._means(x))
-
-
-def _offset_linear(offsets: torch.Tensor) -> torch.nn.Module:
-    """The offsets [out, groups] as a linear with int8 weights per output channel and int8 dynamic activations.
-    SmolLM2-135M (Q4_1), eager, same tokens: perplexity 27.05 with float offsets, 27.10 with these (+0.2%), 29.7
-    at 4 bits; 30 llama layers of grid linears in XNNPACK: decode step 3.5-4.0 -> 3.2-3.4 ms, 128-token prefill
-    66-68 -> 59-63 ms."""
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
-    from torchao.quantization.granularity import PerAxis
-
-    linear = torch.nn.Linear(offsets.shape[1], offsets.shape[0], bias=False, dtype=offsets.dtype)
-    linear.weight.requires_grad_(False).copy_(offsets)
-    quantize_(linear, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
-    return linear
+        return self.linear(x) + torch.nn.functional.linear(self._means(x), self.offsets)
 
 
 class GroupMeans:
