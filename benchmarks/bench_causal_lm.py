@@ -257,8 +257,7 @@ def _table(report: dict) -> str:
     agree = next((i for i, (a, b) in enumerate(zip(e["tokens"], p["tokens"])) if a != b), len(p["tokens"]))
     up, n = report["speedups"], len(report["rounds"])
     lines.append(
-        f"\nGreedy tokens: the Python engine's first {agree} of {len(p['tokens'])} are the eager fp32 model's"
-        f"{'' if report.get('qlinear') is None else ' (a quantized program may part at a near-tie)'}. "
+        f"\nGreedy tokens: the Python engine's first {agree} of {len(p['tokens'])} are the eager fp32 model's. "
         f"Speed-ups over eager, median of {n} "
         f"round(s) (range), each taken within its round: decode {_ratio(up['pte_decode_tokens_per_s'])} "
         f"(runner {_ratio(up['runner_decode_tokens_per_s'])}), prefill {_ratio(up['pte_prefill_tokens_per_s'])} "
