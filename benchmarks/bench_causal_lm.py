@@ -254,7 +254,8 @@ def _table(report: dict) -> str:
     lines = [f"| metric | eager fp32 (transformers) | .pte, Python engine (xnnpack {q}) | .pte, C++ runner |",
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    agree = next((i for i, (a, b) in enumerate(zip(e["tokens"], p["tokens"])) if a != b), len(p["tokens"]))
+    agree = next((i for i, (a, b) in enumerate(zip(e["tokens"], p["tokens"])) if a != b),
+                 min(len(e["tokens"]), len(p["tokens"])))
     up, n = report["speedups"], len(report["rounds"])
     lines.append(
         f"\nGreedy tokens: the Python engine's first {agree} of {len(p['tokens'])} are the eager fp32 model's. "
