@@ -47,3 +47,22 @@ def run_cli(*args, check=False, timeout=900):
     if check and result.returncode != 0:
         raise AssertionError(f"optimum-cli failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def answers_from_threads(call, threads=4, calls_per_thread=3):
+    """Runs `call()` `calls_per_thread` times in each of `threads` threads at once; returns every answer
+    (an exception counts as an answer, so a test sees it)."""
+    import concurrent.futures
+
+    def worker():
+        answers = []
+        for _ in range(calls_per_thread):
+            try:
+                answers.append(call())
+            except Exception as err:  # noqa: BLE001
+                answers.append(err)
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(worker) for _ in range(threads)]
+        return [answer for future in futures for answer in future.result()]

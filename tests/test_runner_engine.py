@@ -23,7 +23,7 @@ from optimum_executorch.testing import (
     tiny_tokenizer,
 )
 
-from .conftest import run_cli
+from .conftest import answers_from_threads, run_cli
 
 PROMPT = "The capital of France is"
 
@@ -78,6 +78,13 @@ def test_runner_engine_repeats_and_reports_load_once(whole_char_export):
     assert model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False).shape == (1, 6)
 
 
+def test_runner_engine_from_several_threads_answers_as_from_one(whole_char_export):
+    model = ExecuTorchModelForCausalLM.from_pretrained(whole_char_export[1], engine="runner")
+    expected = model.generate_text(PROMPT, max_new_tokens=8)[0]
+    answers = answers_from_threads(lambda: model.generate_text(PROMPT, max_new_tokens=8)[0], threads=4, calls_per_thread=2)
+    assert answers == [expected] * 8
+
+
 def test_engine_errors(whole_char_export, tmp_path):
     export_dir = whole_char_export[1]
     with pytest.raises(ValueError, match="Unknown engine 'cpp'"):
@@ -113,7 +120,7 @@ def test_runner_engine_rejects_program_without_runner_metadata(whole_char_export
     with open(target / "model.pte", "wb") as f:
         program.write_to_file(f)
     config = json.loads((target / "executorch_config.json").read_text())
-    config.update(max_seq_len=32, kernel_libraries=[], custom_sdpa=False)
+    config.update(max_seq_len=32, kernel_libraries=[], custom_sdpa=False, checksums=None)
     (target / "executorch_config.json").write_text(json.dumps(config))
 
     model = ExecuTorchModelForCausalLM.from_pretrained(target, engine="runner")

@@ -9,7 +9,7 @@ import torch
 from optimum.executorch import ExecuTorchModelForSeq2SeqLM, main_export
 from optimum_executorch.testing import assert_logits_close, load_eager, save_tiny_model
 
-from .conftest import run_cli
+from .conftest import answers_from_threads, run_cli
 
 MAX_SEQ_LEN = 32
 # no_repeat_ngram_size keeps a random tiny model from repeating one token, so that every step is a real decision.
@@ -42,6 +42,20 @@ def test_greedy_tokens_match_eager(exported):
         assert et_model.generate(prompt, **GREEDY).tolist() == expected.tolist()
     # The program's cache restarts with each input: a second run gives the same tokens.
     assert et_model.generate(_prompt(), **GREEDY).tolist() == eager.generate(_prompt(), **GREEDY).tolist()
+
+
+def test_one_model_from_several_threads_answers_as_from_one(exported):
+    et_model, _, _ = exported
+    prompts = [_prompt(seed=seed) for seed in range(3)]
+    expected = [et_model.generate(p, **GREEDY).tolist() for p in prompts]
+    counter = iter(range(10**6))
+
+    def call():
+        i = next(counter) % len(prompts)
+        return i, et_model.generate(prompts[i], **GREEDY).tolist()
+
+    answers = answers_from_threads(call, threads=4, calls_per_thread=3)
+    assert all(not isinstance(a, Exception) and a[1] == expected[a[0]] for a in answers), answers
 
 
 def test_every_decoder_step_matches_eager_logits(exported):

@@ -10,7 +10,7 @@ from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer, Whi
 from optimum.executorch import ExecuTorchModelForSeq2SeqLM, ExecuTorchModelForSpeechSeq2Seq, main_export
 from optimum_executorch.testing import TINY_WHISPER_CHUNK_SECONDS, assert_logits_close, save_tiny_whisper
 
-from .conftest import run_cli
+from .conftest import answers_from_threads, run_cli
 
 MAX_SEQ_LEN = 48  # below the tiny model's 64 decoder positions: the program's limit is what generation obeys
 SAMPLING_RATE = 16000
@@ -48,6 +48,20 @@ def test_generate_matches_eager(exported, options):
         features = _features(out, seed=seed)
         expected = eager.generate(features, **GREEDY, **options)
         assert et_model.generate(features, **GREEDY, **options).tolist() == expected.tolist()
+
+
+def test_one_model_from_several_threads_answers_as_from_one(exported):
+    et_model, _, out = exported
+    inputs = [_features(out, seed=seed) for seed in range(2)]
+    expected = [et_model.generate(f, **GREEDY, language="en").tolist() for f in inputs]
+    counter = iter(range(10**6))
+
+    def call():
+        i = next(counter) % len(inputs)
+        return i, et_model.generate(inputs[i], **GREEDY, language="en").tolist()
+
+    answers = answers_from_threads(call, threads=4, calls_per_thread=2)
+    assert all(not isinstance(a, Exception) and a[1] == expected[a[0]] for a in answers), answers
 
 
 def test_generation_stops_within_the_program(exported):

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
+from ..utils import file_sha256
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .loading import gguf_parsed_once, load_model, load_preprocessor, sentencepiece_model_file
 from .options import ExportOptions
@@ -28,6 +29,43 @@ from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+def _overlap(output_dir: Path, other: Path) -> Optional[str]:
+    """How `output_dir` overlaps `other` ("is", "contains", "lies inside"), or None."""
+    out, other = output_dir.resolve(), other.resolve()
+    if out == other:
+        return "is"
+    if out in other.parents:
+        return "contains"
+    if other in out.parents:
+        return "lies inside"
+    return None
+
+
+def _refuse_output_over_inputs(options: ExportOptions, output_dir: Path) -> None:
+    """An export replaces its output directory: refuse one that holds the checkpoint, a Hugging Face cache or
+    the working directory, before any work (`-m DIR -o DIR --overwrite` would otherwise delete DIR)."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    protected = []
+    for source in (options.model, options.gguf_file):
+        if source and Path(source).expanduser().exists():
+            protected.append(("the model checkpoint", Path(source).expanduser()))
+    protected += [("the Hugging Face cache", Path(cache).expanduser()) for cache in (HF_HUB_CACHE, options.cache_dir) if cache]
+    for what, path in protected:
+        relation = _overlap(output_dir, path)
+        if relation:
+            raise ValueError(
+                f"--output_dir '{output_dir}' {relation} {what} '{path}': an export replaces its output directory. "
+                "Choose a directory outside it."
+            )
+    cwd = Path.cwd()
+    if _overlap(output_dir, cwd) in ("is", "contains"):
+        raise ValueError(
+            f"--output_dir '{output_dir}' {_overlap(output_dir, cwd)} the working directory: an export replaces its "
+            "output directory. Name a new subdirectory, e.g. --output_dir ./executorch_model."
+        )
 
 
 def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
@@ -136,10 +174,11 @@ def main_export(
         main_export("path/to/SmolLM2-135M", "out/", task="text-generation", recipe="xnnpack", max_seq_len=256)
         ```
     """
-    if output_dir is None:
-        raise ValueError("No output directory given: pass --output_dir.")
+    if output_dir is None or not str(output_dir).strip():
+        raise ValueError("No output directory given: pass --output_dir (a new or empty directory).")
     options = ExportOptions.from_kwargs(model=str(model), output_dir=str(output_dir), task=task, **kwargs)
     output_dir = Path(output_dir)
+    _refuse_output_over_inputs(options, output_dir)
     _check_output_dir(output_dir, options.overwrite)
     start = time.perf_counter()
 
@@ -192,6 +231,8 @@ def main_export(
         "versions": _package_versions(),
     }
 
+    program_files = [PTE_FILE_NAME] + ([WEIGHTS_FILE_NAME] if external_weights else [])
+
     def write_files(directory: Path) -> None:
         with open(directory / PTE_FILE_NAME, "wb") as f:
             executorch_program.write_to_file(f)
@@ -214,11 +255,12 @@ def main_export(
             ):
                 logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
             executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
+        # Checked by the runtime before loading: a damaged program or weights file otherwise loads and answers NaN.
+        executorch_config["checksums"] = {name: file_sha256(directory / name) for name in program_files}
         with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
             json.dump(executorch_config, f, indent=2, sort_keys=True)
 
     _write_output(output_dir, options.overwrite, write_files)
-    files = [PTE_FILE_NAME] + ([WEIGHTS_FILE_NAME] if external_weights else [])
-    sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in files)
+    sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in program_files)
     logger.info("Wrote %s (%s) in %.1f s in total.", output_dir, sizes, time.perf_counter() - start)
     return output_dir

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
@@ -19,6 +20,7 @@ from optimum.modeling_base import OptimizedModel
 from transformers import AutoConfig, PretrainedConfig
 
 from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
+from .program_files import CorruptProgramError, check_data_file, check_program_file, explain_runtime_error, verify_checksums
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +111,7 @@ class ExecuTorchModel(OptimizedModel):
         self.model_save_dir = Path(model_save_dir)
         self.executorch_config = executorch_config or {}
         self._temp_dir = None  # keeps an on-the-fly export alive as long as the model
+        self._lock = threading.RLock()  # see checks.one_call_at_a_time
 
     # ----------------------------------------------------------------------------------------- loading
     @staticmethod
@@ -120,9 +123,13 @@ class ExecuTorchModel(OptimizedModel):
             importlib.import_module(name)
 
     @staticmethod
-    def load_program(pte_path: Path, weights_path: Optional[Path] = None):
-        """Loads a `.pte` (and the weights file it was exported with, if any) with `executorch.runtime`,
-        turning loader failures into errors that name the fix."""
+    def load_program(pte_path: Path, weights_path: Optional[Path] = None, checksums: Optional[Dict[str, str]] = None):
+        """Loads a `.pte` (and the weights file it was exported with, if any) with `executorch.runtime`.
+
+        The files are checked first (see `program_files.py`): identifiers, header extents and, when given,
+        the SHA-256 `checksums` recorded at export, so a damaged file raises an error that names it instead
+        of crashing the process or answering NaN. Loader failures become errors that name the fix.
+        """
         if not pte_path.is_file():
             raise FileNotFoundError(
                 f"No ExecuTorch program at '{pte_path}'. Export one with `optimum-cli export executorch "
@@ -133,21 +140,37 @@ class ExecuTorchModel(OptimizedModel):
                 f"'{pte_path.parent}' holds no {weights_path.name}, the weights {pte_path.name} was exported with. "
                 "Copy it beside the program, or export again."
             )
+        check_program_file(pte_path)
+        if weights_path is not None:
+            check_data_file(weights_path)
+        verify_checksums(pte_path.parent, checksums)
         from executorch.runtime import Runtime, Verification
 
         try:
-            return Runtime.get().load_program(pte_path, verification=Verification.Minimal, data_path=weights_path)
+            return Runtime.get().load_program(
+                pte_path, verification=Verification.InternalConsistency, data_path=weights_path
+            )
         except RuntimeError as err:
             weights = f" or its weights file {weights_path.name}" if weights_path is not None else ""
-            raise ValueError(
-                f"'{pte_path}'{weights} is not valid (corrupt, truncated or from another export: {err}). Export it again."
+            raise CorruptProgramError(
+                f"'{pte_path}'{weights} is not valid (corrupt, truncated or from another export: "
+                f"{explain_runtime_error(err)}). Export it again."
+            ) from err
+
+    def load_method(self, name: str):
+        """Loads one method of the program; a failure names what the runtime's error code means."""
+        try:
+            return self.program.load_method(name)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"Could not load method '{name}' of '{self.model_save_dir}': {explain_runtime_error(err)}."
             ) from err
 
     def read_constant(self, name: str, default: Any = None) -> Any:
         """The value of a constant metadata method of the program (`get_max_seq_len`, ...)."""
         if name not in self.program.method_names:
             return default
-        value = self.program.load_method(name).execute([])
+        value = self.load_method(name).execute([])
         return value[0] if len(value) == 1 and not name.endswith("_ids") else list(value)
 
     @classmethod
@@ -163,6 +186,7 @@ class ExecuTorchModel(OptimizedModel):
         trust_remote_code: bool = False,
         cache_dir: Optional[str] = None,
         token: Optional[Union[bool, str]] = None,
+        verify_checksums: bool = True,
         **kwargs,
     ) -> "ExecuTorchModel":
         """Loads an exported directory (local or on the Hub), or exports `model_id` first when `export=True`.
@@ -173,6 +197,8 @@ class ExecuTorchModel(OptimizedModel):
             export: export `model_id` into a temporary directory first. Remaining keyword arguments are
                 export options (`recipe`, `max_seq_len`, `dtype`, ...), see `main_export`, or options of
                 the runtime class (`runtime_options`, such as `engine` for causal LMs).
+            verify_checksums: compare the program and weights files with the SHA-256 recorded at export
+                before loading them (about 0.6 s per 500 MB). `False` skips it.
         """
         runtime_kwargs = {name: kwargs.pop(name) for name in cls.runtime_options if name in kwargs}
         if export:
@@ -201,10 +227,12 @@ class ExecuTorchModel(OptimizedModel):
         model_dir = _resolve_model_dir(
             model_id, subfolder, revision, cache_dir, token, local_files_only, force_download
         )
-        return cls._from_dir(model_dir, config=config, **runtime_kwargs)
+        return cls._from_dir(model_dir, config=config, verify_checksums=verify_checksums, **runtime_kwargs)
 
     @classmethod
-    def _from_dir(cls, model_dir: Path, config: Optional[PretrainedConfig] = None, **runtime_kwargs) -> "ExecuTorchModel":
+    def _from_dir(
+        cls, model_dir: Path, config: Optional[PretrainedConfig] = None, verify_checksums: bool = True, **runtime_kwargs
+    ) -> "ExecuTorchModel":
         executorch_config = {}
         if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
             executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
@@ -212,7 +240,11 @@ class ExecuTorchModel(OptimizedModel):
         weights_file = executorch_config.get("weights_file")
         if weights_file is not None and Path(weights_file).name != weights_file:
             raise ValueError(f"weights_file {weights_file!r} in {EXECUTORCH_CONFIG_NAME} must be a file name in '{model_dir}'.")
-        program = cls.load_program(model_dir / PTE_FILE_NAME, model_dir / weights_file if weights_file else None)
+        program = cls.load_program(
+            model_dir / PTE_FILE_NAME,
+            model_dir / weights_file if weights_file else None,
+            executorch_config.get("checksums") if verify_checksums else None,
+        )
         task = executorch_config.get("task")
         if cls.task and task and task != cls.task:
             raise ValueError(

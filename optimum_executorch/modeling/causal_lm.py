@@ -15,6 +15,7 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .base import ExecuTorchModel, register_for_pipelines
+from .checks import check_finite, check_no_padding, check_positions, one_call_at_a_time
 from .runner import (
     RUNNER_REQUIRED_METHODS,
     GenerationStats,
@@ -82,7 +83,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     def _forward_method(self):
         # With engine="runner", loaded only if forward is called: loading packs the weights for XNNPACK, memory
         # the runner (which loads the program itself) does not need.
-        return self.program.load_method("forward")
+        return self.load_method("forward")
 
     @functools.cached_property
     def tokenizer(self):
@@ -144,6 +145,8 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             )
         if input_ids.numel() == 0:
             raise ValueError("input_ids is empty: pass at least one token.")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
@@ -152,6 +155,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
                 "Use the tokenizer that was exported with the model."
             )
 
+    @one_call_at_a_time
     def forward(
         self,
         input_ids: torch.LongTensor,
@@ -170,23 +174,10 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             `CausalLMOutputWithPast` whose `logits` are `[1, 1, vocab]`: the last position only.
         """
         self._check_input_ids(input_ids)
-        if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-            raise ValueError("Padding is not supported: pass an attention_mask of all ones (batch size 1).")
+        check_no_padding(attention_mask)
         seq_len = input_ids.shape[1]
-        if cache_position is None:
-            cache_position = torch.arange(seq_len, dtype=torch.long)
-        cache_position = cache_position.to(torch.long).reshape(-1)
-        if cache_position.numel() != seq_len:
-            raise ValueError(
-                f"cache_position has {cache_position.numel()} positions for {seq_len} input tokens: pass one "
-                "position per token (or None to start a new sequence)."
-            )
+        cache_position = check_positions(cache_position, seq_len, self._next_position, self.max_seq_len, "input")
         end = int(cache_position[-1]) + 1
-        if end > self.max_seq_len:
-            raise ValueError(
-                f"The sequence reaches {end} tokens, beyond the {self.max_seq_len} this program was exported for. "
-                "Shorten the prompt or re-export with a larger --max_seq_len."
-            )
         input_ids = input_ids.to(torch.long)
         # The program accepts at most max_chunk_len tokens a call: feed a longer prompt in chunks.
         step = self.max_chunk_len
@@ -197,7 +188,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
                     [input_ids[:, chunk].contiguous(), cache_position[chunk].contiguous()]
                 )[0]
         self._next_position = end
-        return CausalLMOutputWithPast(logits=logits.reshape(1, 1, -1))
+        return CausalLMOutputWithPast(logits=check_finite(logits, self.model_save_dir).reshape(1, 1, -1))
 
     # -------------------------------------------------------------------------------------- generation
     def _check_prompt_fits(self, prompt_len: int) -> None:
@@ -223,6 +214,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             "cache_position": torch.arange(start, input_ids.shape[1], dtype=torch.long),
         }
 
+    @one_call_at_a_time
     def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, **kwargs):
         """transformers' `generate`, with the program's limits checked first (see the class docstring)."""
         config = generation_config if generation_config is not None else self.generation_config
@@ -233,6 +225,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         if input_ids is None:
             raise ValueError("Pass the prompt as input_ids (a [1, seq] tensor of token ids).")
         self._check_input_ids(input_ids)
+        check_no_padding(kwargs.get("attention_mask"))
         prompt_len = input_ids.shape[1]
         self._check_prompt_fits(prompt_len)
         if kwargs.get("max_new_tokens") is not None:
@@ -256,6 +249,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         with exclusive_cores():  # once for the whole loop, see threads.py
             return super().generate(inputs, generation_config=generation_config, **kwargs)
 
+    @one_call_at_a_time
     def generate_text(
         self,
         prompt: str,

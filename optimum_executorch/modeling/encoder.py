@@ -16,6 +16,7 @@ from transformers.modeling_outputs import (
 )
 
 from .base import ExecuTorchModel, register_for_pipelines
+from .checks import one_call_at_a_time
 from .threads import exclusive_cores
 
 
@@ -29,7 +30,7 @@ class ExecuTorchModelForEncoder(ExecuTorchModel):
 
     def __init__(self, program, config, model_save_dir, executorch_config=None):
         super().__init__(program, config, model_save_dir, executorch_config)
-        self._forward_method = program.load_method("forward")
+        self._forward_method = self.load_method("forward")
         self.input_names = list(self.executorch_config.get("inputs", ["input_ids", "attention_mask"]))
         self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
         self.max_batch_size = int(self.read_constant("get_max_batch_size", 1))
@@ -77,6 +78,7 @@ class ExecuTorchModelForEncoder(ExecuTorchModel):
                 f"This {self.config.model_type} program has no segment embeddings: token_type_ids must be all zeros."
             )
 
+    @one_call_at_a_time
     def _run(self, inputs):
         args = [inputs[name].to(device="cpu", dtype=torch.long).contiguous() for name in self.input_names]
         return self._forward_method.execute(args)[0]

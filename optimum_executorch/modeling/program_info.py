@@ -56,7 +56,7 @@ def describe_export(path: Union[str, Path]) -> Dict[str, Any]:
     weights = config.get("weights_file")
     if weights is None and (model_dir / WEIGHTS_FILE_NAME).is_file():
         weights = WEIGHTS_FILE_NAME
-    program = ExecuTorchModel.load_program(pte_path, model_dir / weights if weights else None)
+    program = ExecuTorchModel.load_program(pte_path, model_dir / weights if weights else None, config.get("checksums"))
     instructions = _instructions(pte_path)
 
     methods, constants = {}, {}

@@ -15,6 +15,7 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .base import ExecuTorchModel, register_for_pipelines
+from .checks import check_finite, check_no_padding, check_positions, one_call_at_a_time
 from .threads import exclusive_cores
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,8 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
 
     def __init__(self, program, config, model_save_dir, executorch_config=None):
         super().__init__(program, config, model_save_dir, executorch_config)
-        self._encoder_method = program.load_method("encoder")
-        self._decoder_method = program.load_method("decoder")
+        self._encoder_method = self.load_method("encoder")
+        self._decoder_method = self.load_method("decoder")
         self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
         self.vocab_size = int(self.read_constant("get_vocab_size", config.vocab_size))
         try:
@@ -110,17 +111,18 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
             )
 
     # ----------------------------------------------------------------------------------------- methods
+    @one_call_at_a_time
     def encode(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> BaseModelOutput:
         """Runs the `encoder` method: `BaseModelOutput(last_hidden_state=[1, seq, d_model])`."""
         if input_ids is None:
             raise ValueError(f"{type(self).__name__} takes input_ids (text tokens) for its encoder.")
         self._check_ids(input_ids, "input_ids", self.max_seq_len)
-        if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-            raise ValueError("Padding is not supported: pass an attention_mask of all ones (batch size 1).")
+        check_no_padding(attention_mask)
         with exclusive_cores():
             hidden = self._encoder_method.execute([input_ids.to(torch.long).contiguous()])[0]
         return BaseModelOutput(last_hidden_state=hidden)
 
+    @one_call_at_a_time
     def forward(
         self,
         input_ids: Optional[torch.Tensor] = None,
@@ -144,23 +146,14 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
             decoder_input_ids = torch.tensor([[start if start is not None else self.config.decoder_start_token_id]])
         self._check_ids(decoder_input_ids, "decoder_input_ids", self.max_seq_len)
         seq_len = decoder_input_ids.shape[1]
-        if cache_position is None:
-            cache_position = torch.arange(seq_len, dtype=torch.long)
-        cache_position = cache_position.to(torch.long).reshape(-1)
-        if cache_position.numel() != seq_len:
-            raise ValueError(f"cache_position has {cache_position.numel()} positions for {seq_len} decoder tokens.")
+        cache_position = check_positions(cache_position, seq_len, self._next_position, self.max_seq_len, "decoder")
         end = int(cache_position[-1]) + 1
-        if end > self.max_seq_len:
-            raise ValueError(
-                f"The decoder sequence reaches {end} tokens, beyond the {self.max_seq_len} this program was exported "
-                "for. Generate fewer tokens or re-export with a larger --max_seq_len."
-            )
         with exclusive_cores():
             logits = self._decoder_method.execute(
                 [decoder_input_ids.to(torch.long).contiguous(), hidden.to(self.dtype).contiguous(), cache_position.contiguous()]
             )[0]
         self._next_position = end
-        return Seq2SeqLMOutput(logits=logits.reshape(1, 1, -1), encoder_last_hidden_state=hidden)
+        return Seq2SeqLMOutput(logits=check_finite(logits, self.model_save_dir).reshape(1, 1, -1), encoder_last_hidden_state=hidden)
 
     # -------------------------------------------------------------------------------------- generation
     def prepare_inputs_for_generation(self, input_ids, encoder_outputs=None, is_first_iteration=False, **kwargs):
@@ -171,6 +164,7 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
             "cache_position": torch.arange(start, input_ids.shape[1], dtype=torch.long),
         }
 
+    @one_call_at_a_time
     def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, **kwargs):
         """transformers' `generate`, with the program's limits checked first (see the class docstring)."""
         config = generation_config if generation_config is not None else self.generation_config

@@ -18,6 +18,7 @@ from transformers.models.whisper.generation_whisper import WhisperGenerationMixi
 
 from .base import register_for_pipelines
 from .seq2seq import ExecuTorchModelForSeq2SeqLM
+from .checks import one_call_at_a_time
 from .threads import exclusive_cores
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
             # Set explicitly, so that a pipeline does not add its default of 5 beams, which batch size 1 excludes.
             self.generation_config.num_beams = 1
 
+    @one_call_at_a_time
     def encode(self, input_features: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> BaseModelOutput:
         """Runs the `encoder` method on one window of log-mel features `[1, num_mel_bins, num_frames]`."""
         expected = (1, self.num_mel_bins, self.num_frames)
@@ -84,6 +86,7 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
             hidden = self._encoder_method.execute([input_features.to(self.dtype).contiguous()])[0]
         return BaseModelOutput(last_hidden_state=hidden)
 
+    @one_call_at_a_time
     def generate(self, input_features: Optional[torch.Tensor] = None, generation_config=None, **kwargs):
         """Whisper's `generate` (language, task, timestamps, long-form), within the program's limits (see the
         class docstring)."""

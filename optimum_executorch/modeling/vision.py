@@ -11,6 +11,7 @@ import torch
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .base import ExecuTorchModel, register_for_pipelines
+from .checks import one_call_at_a_time
 from .threads import exclusive_cores
 
 
@@ -26,7 +27,7 @@ class ExecuTorchModelForImageClassification(ExecuTorchModel):
 
     def __init__(self, program, config, model_save_dir, executorch_config=None):
         super().__init__(program, config, model_save_dir, executorch_config)
-        self._forward_method = program.load_method("forward")
+        self._forward_method = self.load_method("forward")
         self.max_batch_size = int(self.read_constant("get_max_batch_size", 1))
         self.image_shape = tuple(
             int(self.read_constant(name, default))
@@ -53,6 +54,7 @@ class ExecuTorchModelForImageClassification(ExecuTorchModel):
                 "size). Use the image processor exported with the model, which resizes to that size."
             )
 
+    @one_call_at_a_time
     def forward(self, pixel_values: Optional[torch.Tensor] = None, **kwargs) -> ImageClassifierOutput:
         """Runs the program.
 
