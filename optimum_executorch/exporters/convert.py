@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -23,59 +22,13 @@ from ..utils import file_sha256
 from .attention import CUSTOM_OPS_KERNEL_LIBRARY
 from .loading import gguf_parsed_once, load_model, load_preprocessor, sentencepiece_model_file
 from .options import ExportOptions
+from .output_dir import check_output_dir, check_writable, refuse_output_over_inputs, write_output
 from .quantization import QUANTIZED_KERNEL_LIBRARY
 from .plan import ExportPlan, make_plan
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-def _overlap(output_dir: Path, other: Path) -> Optional[str]:
-    """How `output_dir` overlaps `other` ("is", "contains", "lies inside"), or None."""
-    out, other = output_dir.resolve(), other.resolve()
-    if out == other:
-        return "is"
-    if out in other.parents:
-        return "contains"
-    if other in out.parents:
-        return "lies inside"
-    return None
-
-
-def _refuse_output_over_inputs(options: ExportOptions, output_dir: Path) -> None:
-    """An export replaces its output directory: refuse one that holds the checkpoint, a Hugging Face cache or
-    the working directory, before any work (`-m DIR -o DIR --overwrite` would otherwise delete DIR)."""
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    protected = []
-    for source in (options.model, options.gguf_file):
-        if source and Path(source).expanduser().exists():
-            protected.append(("the model checkpoint", Path(source).expanduser()))
-    protected += [("the Hugging Face cache", Path(cache).expanduser()) for cache in (HF_HUB_CACHE, options.cache_dir) if cache]
-    for what, path in protected:
-        relation = _overlap(output_dir, path)
-        if relation:
-            raise ValueError(
-                f"--output_dir '{output_dir}' {relation} {what} '{path}': an export replaces its output directory. "
-                "Choose a directory outside it."
-            )
-    cwd = Path.cwd()
-    if _overlap(output_dir, cwd) in ("is", "contains"):
-        raise ValueError(
-            f"--output_dir '{output_dir}' {_overlap(output_dir, cwd)} the working directory: an export replaces its "
-            "output directory. Name a new subdirectory, e.g. --output_dir ./executorch_model."
-        )
-
-
-def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise FileExistsError(f"Output path '{output_dir}' exists and is not a directory. Choose another --output_dir.")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"Output directory '{output_dir}' exists and is not empty. Pass --overwrite to replace it, "
-            "or choose another --output_dir."
-        )
 
 
 def _package_versions() -> Dict[str, str]:
@@ -110,25 +63,6 @@ def export_programs(wrapper) -> Dict[str, "torch.export.ExportedProgram"]:
             )
         logger.info("Exported '%s' in %.1f s.", name, time.perf_counter() - start)
     return programs
-
-
-def _write_output(output_dir: Path, overwrite: bool, write_files) -> None:
-    """Writes into a temporary sibling directory, then moves it into place in one rename."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
-    try:
-        write_files(tmp)
-        if output_dir.exists():
-            _check_output_dir(output_dir, overwrite)
-            old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old-", dir=output_dir.parent))
-            os.replace(output_dir, old / "previous")
-            os.replace(tmp, output_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 @contextlib.contextmanager
@@ -178,8 +112,9 @@ def main_export(
         raise ValueError("No output directory given: pass --output_dir (a new or empty directory).")
     options = ExportOptions.from_kwargs(model=str(model), output_dir=str(output_dir), task=task, **kwargs)
     output_dir = Path(output_dir)
-    _refuse_output_over_inputs(options, output_dir)
-    _check_output_dir(output_dir, options.overwrite)
+    refuse_output_over_inputs(options, output_dir)
+    check_output_dir(output_dir, options.overwrite)
+    check_writable(output_dir)
     start = time.perf_counter()
 
     with gguf_parsed_once():  # a GGUF checkpoint is read for the plan, the model and the tokenizer
@@ -260,7 +195,7 @@ def main_export(
         with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
             json.dump(executorch_config, f, indent=2, sort_keys=True)
 
-    _write_output(output_dir, options.overwrite, write_files)
+    write_output(output_dir, options.overwrite, write_files)
     sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in program_files)
     logger.info("Wrote %s (%s) in %.1f s in total.", output_dir, sizes, time.perf_counter() - start)
     return output_dir

@@ -31,6 +31,27 @@ def _source(options) -> Tuple[str, Dict[str, Any]]:
     return source, kwargs
 
 
+class DamagedCheckpointError(ValueError):
+    """A checkpoint file that cannot be read as what it claims to be (truncated, damaged)."""
+
+
+def _checked_gguf(reader_class, path, mode="r"):
+    """gguf's reader of `path`, with a damaged or truncated file named as such (gguf itself fails with a struct
+    or reshape error, or reads tensors past the end of the file)."""
+    size = os.path.getsize(path)
+    try:
+        reader = reader_class(path, mode)
+    except Exception as err:
+        raise DamagedCheckpointError(
+            f"'{path}' is not a readable GGUF file ({size:,} bytes; {type(err).__name__}: {err}): it is truncated or "
+            "damaged. Download it again."
+        ) from err
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise DamagedCheckpointError(f"'{path}' is truncated: its tensors end at byte {end:,}, the file has {size:,}. Download it again.")
+    return reader
+
+
 @contextlib.contextmanager
 def gguf_parsed_once():
     """Within this block a GGUF file is parsed once, however often transformers reads it.
@@ -51,7 +72,7 @@ def gguf_parsed_once():
     def reader(path, mode="r"):
         key = (os.path.realpath(path), os.stat(path).st_mtime_ns, mode)
         if key not in readers:
-            readers[key] = reader_class(path, mode)
+            readers[key] = _checked_gguf(reader_class, path, mode)
         return readers[key]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
@@ -61,14 +82,47 @@ def gguf_parsed_once():
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
+def _check_local_source(options) -> None:
+    """A `--model` that names a local path must be a checkpoint directory: say so before transformers reads it
+    as a Hub id ("Repo id must be in the form ...") or unpickles a file."""
+    model = os.path.expanduser(str(options.model))
+    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
+    if not looks_local or options.gguf_file and os.path.isfile(options.gguf_file):
+        return
+    if not os.path.exists(model):
+        raise FileNotFoundError(f"No such directory: '{options.model}'. Pass a checkpoint directory or a Hub model id.")
+    if os.path.isfile(model):
+        hint = f" For a GGUF file pass --model {os.path.dirname(model) or '.'} --gguf_file {os.path.basename(model)}." if model.endswith(".gguf") else ""
+        raise NotADirectoryError(
+            f"'{options.model}' is a file; --model takes the checkpoint directory (the one holding config.json).{hint}"
+        )
+    if not options.gguf_file and not os.path.isfile(os.path.join(model, "config.json")):
+        raise FileNotFoundError(
+            f"'{options.model}' holds no config.json, so it is not a transformers checkpoint directory"
+            f"{' (it is empty)' if not os.listdir(model) else ''}. Pass the directory that holds config.json and "
+            "the weights, or --gguf_file for a GGUF checkpoint."
+        )
+
+
 def load_config(options):
     """Loads the model config, turning "not found" into an error that names the fix."""
     from transformers import AutoConfig
 
+    _check_local_source(options)
     source, kwargs = _source(options)
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
-    except (OSError, ValueError) as err:
+    except DamagedCheckpointError:
+        raise
+    except Exception as err:
+        gguf_path = os.path.join(source, kwargs["gguf_file"]) if "gguf_file" in kwargs else None
+        if gguf_path and os.path.isfile(gguf_path) and not isinstance(err, (ImportError, MemoryError)):
+            raise DamagedCheckpointError(
+                f"'{gguf_path}' is not a readable GGUF file ({os.path.getsize(gguf_path):,} bytes; "
+                f"{type(err).__name__}: {err}): it is truncated or damaged. Download it again."
+            ) from err
+        if not isinstance(err, (OSError, ValueError)):
+            raise
         if "trust_remote_code" in str(err):
             raise ValueError(
                 f"'{options.model}' ships its own modeling code. Review it, then pass --trust_remote_code to run it."
@@ -84,13 +138,32 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
     source, kwargs = _source(options)
     kwargs.update(load_kwargs)
     dtype = getattr(torch, options.dtype)
-    model = auto_class.from_pretrained(source, dtype=dtype, trust_remote_code=options.trust_remote_code, **kwargs)
+    try:
+        model, info = auto_class.from_pretrained(
+            source, dtype=dtype, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs
+        )
+    except (ImportError, MemoryError, DamagedCheckpointError):
+        raise
+    except Exception as err:  # a damaged weights file raises the reader's own error class (SafetensorError, ...)
+        if isinstance(err, (ValueError, TypeError, OSError)) and "trust_remote_code" in str(err):
+            raise
+        raise OSError(
+            f"Could not load the weights of '{options.model}' ({type(err).__name__}: {err}). The checkpoint files may be "
+            "damaged or incomplete: download or save them again."
+        ) from err
     if "gguf_file" in kwargs:
         # The weights are dequantized already; the leftover quantizer would stop save_pretrained and
         # mislead the export about the weights' format.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        logger.warning(
+            "%d weights of %s are not in '%s' and were initialized at random (%s): the program's outputs that depend "
+            "on them mean nothing until the model is fine-tuned. Export a checkpoint trained for this task.",
+            len(missing), type(model).__name__, options.model, ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else ""),
+        )
     # Inference only. A checkpoint quantized by torchao loads as tensor-subclass parameters that require grad,
     # which torch.export cannot unwrap (its int8 data cannot require grad).
     model.requires_grad_(False)
@@ -115,11 +188,26 @@ def load_preprocessor(options, kind: str = "tokenizer") -> Optional[Any]:
     try:
         return auto_class.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
     except (OSError, ValueError, TypeError, KeyError) as err:
+        present = _tokenizer_files(source) if kind == "tokenizer" and not options.gguf_file else []
+        if present:
+            raise ValueError(
+                f"Could not load the tokenizer of '{options.model}' from {', '.join(present)} ({err}). An export "
+                "without it could not run a pipeline or ExecuTorch's runner: repair or replace those files (or "
+                "remove them to export without a tokenizer)."
+            ) from err
         logger.warning(
             "No %s saved with the export: could not load one from '%s' (%s). Save one beside the exported model "
             "before running a pipeline on it.", kind.replace("_", " "), options.model, err,
         )
         return None
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def _tokenizer_files(source: str):
+    """The tokenizer files a local checkpoint directory holds."""
+    return [name for name in _TOKENIZER_FILES if os.path.isfile(os.path.join(source, name))]
 
 
 def load_tokenizer(options) -> Optional[Any]:

@@ -121,6 +121,9 @@ class ExportOptions:
                 f"The '{recipe.name}' recipe does not support dtype '{self.dtype}'. "
                 f"It supports: {', '.join(recipe.supported_dtypes)}."
             )
+        for size, scheme in (("qlinear_group_size", "qlinear"), ("qembedding_group_size", "qembedding")):
+            if getattr(self, scheme) is None and getattr(self, size) not in (None, 0):
+                raise ValueError(f"--{size} sets the group size of --{scheme}, which is not given: pass --{scheme} too.")
         self.quantization_spec()  # raises on an invalid scheme or group size
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 2):
             raise ValueError(f"max_seq_len must be an integer >= 2, got {self.max_seq_len!r}.")

@@ -90,7 +90,14 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         """The Hugging Face tokenizer exported with the program."""
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.model_save_dir)
+        try:
+            return AutoTokenizer.from_pretrained(self.model_save_dir)
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise FileNotFoundError(
+                f"'{self.model_save_dir}' holds no usable tokenizer ({err}); text in and out needs one. Copy the "
+                "checkpoint's tokenizer files (tokenizer.json, tokenizer_config.json) into it, or export again. "
+                "generate() on token ids works without it."
+            ) from err
 
     @functools.cached_property
     def _runner(self) -> RunnerEngine:

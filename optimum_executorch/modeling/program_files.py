@@ -105,6 +105,7 @@ def verify_checksums(model_dir: Path, checksums: Optional[Dict[str, str]]) -> No
         if path.is_file() and file_sha256(path) != expected:
             raise CorruptProgramError(
                 f"'{path}' is not the file its export wrote (its SHA-256 differs from the one recorded in "
-                "executorch_config.json): it was changed or damaged after the export. Copy or download it again, "
-                "or export again. (verify_checksums=False skips this check.)"
+                "executorch_config.json): it was changed or damaged after the export, or executorch_config.json "
+                "comes from another export. Copy or download the export again, or export again. "
+                "(verify_checksums=False skips this check.)"
             )

@@ -77,6 +77,11 @@ class ExportConfig:
     def resolve_max_seq_len(self, requested) -> int:
         """`requested` if given (checked against the model's limit), else min(default, model limit)."""
         limit = self.max_positions()
+        if limit is not None and (not isinstance(limit, int) or limit < 2):
+            raise ValueError(
+                f"config.json gives max_position_embeddings={limit!r}: a model must take at least 2 positions. "
+                "Fix the checkpoint's config.json."
+            )
         if requested is None:
             return min(self.default_max_seq_len, limit) if limit else self.default_max_seq_len
         if limit and requested > limit:
