@@ -18,3 +18,9 @@ def file_sha256(path) -> str:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def tokenizer_adds_bos(tokenizer) -> bool:
+    """Whether a Hugging Face tokenizer puts its BOS token before a text (ExecuTorch's runner must then add one)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a").input_ids[:1] == [bos]

@@ -27,12 +27,26 @@ def _snapshot(directory):
 def test_output_over_the_checkpoint_is_refused_and_the_checkpoint_kept(tiny_llama_dir, tmp_path, where):
     source = tmp_path / "checkpoint"
     shutil.copytree(tiny_llama_dir, source)
+    (source / "extras").mkdir()
+    (source / "extras" / "notes.txt").write_text("part of the checkpoint")
     before = _snapshot(tmp_path)
-    out = {"source": source, "inside": source / "et", "parent": tmp_path}[where]
+    # Inside the checkpoint, only a directory with files of its own is refused (a new one is fine, below).
+    out = {"source": source, "inside": source / "extras", "parent": tmp_path}[where]
     relation = {"source": "is", "inside": "lies inside", "parent": "contains"}[where]
     with pytest.raises(ValueError, match=f"--output_dir .* {relation} the model checkpoint"):
         main_export(source, out, overwrite=True, max_seq_len=16)
     assert _snapshot(tmp_path) == before
+
+
+def test_new_directory_inside_the_checkpoint_is_allowed(tiny_llama_dir, tmp_path, monkeypatch):
+    source = tmp_path / "checkpoint"
+    shutil.copytree(tiny_llama_dir, source)
+    before = _snapshot(source)
+    monkeypatch.chdir(source)
+    main_export(".", "et", max_seq_len=16)  # `-m . -o et`
+    main_export(".", "et", max_seq_len=16, overwrite=True)  # replacing its own previous export
+    assert {k: v for k, v in _snapshot(source).items() if k.parts[0] != "et"} == before
+    assert ExecuTorchModelForCausalLM.from_pretrained(source / "et").max_seq_len == 16
 
 
 def test_output_over_the_working_directory_or_hub_cache_is_refused(tiny_llama_dir, tmp_path, monkeypatch):
@@ -128,7 +142,8 @@ def test_damaged_weights_file_is_refused(tiny_llama_dir, tmp_path):
         ([-1], "starts at -1"),
         ([-40], "starts at -40"),
         ([-(10**9)], "starts at -1000000000"),
-        ([3, 2, 1], "starts at 3"),
+        ([3, 2, 1], "must be consecutive"),
+        ([3, 4, 5], "starts at 3"),
         ([0, 2, 1], "must be consecutive"),
         ([0.0, 1.0, 2.0], "integer positions"),
     ],
@@ -198,20 +213,32 @@ def test_stale_partials_are_removed_and_the_export_gets_the_umask(tiny_llama_dir
     import subprocess
     import sys
 
+    from optimum_executorch.exporters.output_dir import _host_tag
+
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".out.partial-{int(dead.stdout)}-abcd"
+    stale = tmp_path / f".out.partial-{_host_tag()}-{int(dead.stdout)}-abcd"
     stale.mkdir()
     (stale / "model.pte").write_bytes(b"half")
-    alive = tmp_path / f".out.partial-{os.getpid()}-efgh"  # a writer still running: kept
+    alive = tmp_path / f".out.partial-{_host_tag()}-{os.getpid()}-efgh"  # a writer still running: kept
     alive.mkdir()
+    other_host = tmp_path / f".out.partial-ffffff-{int(dead.stdout)}-ijkl"  # another host's writer: kept
+    other_host.mkdir()
     umask = os.umask(0o022)
     try:
         out = main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=16)
     finally:
         os.umask(umask)
-    assert not stale.exists() and alive.exists()
+    assert not stale.exists() and alive.exists() and other_host.exists()
     assert "left by an export of" in caplog.text
     assert out.stat().st_mode & 0o777 == 0o755
+
+    # Killed between setting the previous export aside and renaming the new one in: the previous one comes back.
+    set_aside = tmp_path / f".out.old-{_host_tag()}-{int(dead.stdout)}-mnop"
+    set_aside.mkdir()
+    os.replace(out, set_aside / "previous")
+    with pytest.raises(FileExistsError, match="Pass --overwrite"):
+        main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=16)
+    assert "Restored" in caplog.text and (out / "model.pte").is_file() and not set_aside.exists()
 
 
 @pytest.fixture()

@@ -1,34 +1,52 @@
 """`main_export()`: the one export pipeline that the CLI and `from_pretrained(export=True)` call.
 
-options -> config -> export config -> eager model -> wrapper -> torch.export -> recipe lowering ->
-output directory, written atomically (a failed export leaves nothing behind).
+options -> plan (config, export config, task, recipe, every setting with its source), then the stages, each
+timed and logged by `stage()`: load (eager model + preprocessors) -> quantize -> export (wrapper +
+torch.export) -> lower (recipe) -> write (the output directory, atomically: a failed export leaves nothing).
 """
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import shutil
 import time
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
+from ..contract import (
+    CUSTOM_OPS_KERNEL_LIBRARY,
+    PTE_FILE_NAME,
+    QUANTIZED_KERNEL_LIBRARY,
+    WEIGHTS_FILE_NAME,
+    ExportManifest,
+)
 from ..utils import file_sha256
-from .attention import CUSTOM_OPS_KERNEL_LIBRARY
-from .loading import gguf_parsed_once, load_model, load_preprocessor, sentencepiece_model_file
+from .loading import (
+    gguf_parsed_once,
+    load_model,
+    load_preprocessor,
+    sentencepiece_model_file,
+)
 from .options import ExportOptions
-from .output_dir import check_output_dir, check_writable, refuse_output_over_inputs, write_output
-from .quantization import QUANTIZED_KERNEL_LIBRARY
+from .output_dir import (
+    check_output_dir,
+    check_writable,
+    refuse_output_over_inputs,
+    remove_stale_partials,
+    write_output,
+)
 from .plan import ExportPlan, make_plan
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
 
 logger = logging.getLogger(__name__)
+
+# The stages of an export, in order: the names every log line and timing uses.
+STAGES = ("load", "quantize", "export", "lower", "write")
 
 
 def _package_versions() -> Dict[str, str]:
@@ -113,6 +131,7 @@ def main_export(
     options = ExportOptions.from_kwargs(model=str(model), output_dir=str(output_dir), task=task, **kwargs)
     output_dir = Path(output_dir)
     refuse_output_over_inputs(options, output_dir)
+    remove_stale_partials(output_dir)
     check_output_dir(output_dir, options.overwrite)
     check_writable(output_dir)
     start = time.perf_counter()
@@ -121,81 +140,114 @@ def main_export(
         plan = make_plan(options)
         if options.dry_run:
             return plan
-        hf_config, export_config, task_spec, recipe = plan.hf_config, plan.export_config, plan.task_spec, plan.recipe
-        max_seq_len, quantization, custom_sdpa = plan.max_seq_len, plan.quantization, plan.custom_sdpa
-        custom_kv_cache, external_weights = plan.custom_kv_cache, plan.external_weights
-
-        logger.info("Loading '%s' (%s, task %s)...", options.model, hf_config.model_type, task_spec.name)
-        eager = load_model(options, task_spec.load_auto_class(), export_config.model_load_kwargs())
-        preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
-    tokenizer = preprocessors.get("tokenizer")
-    quantized_layers = quantization.apply(eager, tokenizer) if quantization.enabled else {}
-
-    with export_config.patch_model(eager):
-        wrapper = export_config.wrapper_class()(eager, max_seq_len=max_seq_len, **plan.wrapper_kwargs())
-        programs = export_programs(wrapper)
-    constant_methods = dict(wrapper.metadata(getattr(eager, "generation_config", None)), **export_config.extra_metadata())
-    if external_weights:
-        logger.info("Weights go to %s (%s).", WEIGHTS_FILE_NAME, plan.sources["external_weights"])
-    executorch_program = recipe.lower(programs, constant_methods, external_weights=external_weights)
-
-    executorch_config = {
-        "task": task_spec.name,
-        "model_type": hf_config.model_type,
-        "recipe": recipe.name,
-        "dtype": options.dtype,
-        "max_seq_len": max_seq_len,
-        "methods": list(wrapper.method_names),
-        "inputs": list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
-        # Each method's inputs: dtype and shape, dynamic dimensions as "name lo..hi", static ones as numbers.
-        "method_inputs": plan.methods(),
-        "custom_sdpa": custom_sdpa,
-        "custom_kv_cache": custom_kv_cache,
-        "export_config": type(export_config).__name__,
-        "cache_layout": getattr(export_config, "cache_layout", None),
-        # Weights beside the program; loaders must pass this file with model.pte (TextLLMRunner: data_path).
-        "weights_file": WEIGHTS_FILE_NAME if external_weights else None,
-        # Python modules that register kernels the program needs; the runtime imports them before loading.
-        "kernel_libraries": ([CUSTOM_OPS_KERNEL_LIBRARY] if custom_sdpa else []) + quantization.kernel_libraries()
-        + ([QUANTIZED_KERNEL_LIBRARY] if (plan.checkpoint_quantization or {}).get("embeddings") else []),
-        "quantization": dict(quantization.to_dict(), layers=quantized_layers)
-        if quantization.enabled
-        else plan.checkpoint_quantization,
-        "metadata": constant_methods,
-        "options": options.to_dict(),
-        "versions": _package_versions(),
-    }
-
-    program_files = [PTE_FILE_NAME] + ([WEIGHTS_FILE_NAME] if external_weights else [])
-
-    def write_files(directory: Path) -> None:
-        with open(directory / PTE_FILE_NAME, "wb") as f:
-            executorch_program.write_to_file(f)
-        if external_weights:
-            executorch_program.write_tensor_data_to_file(str(directory))
-            if not (directory / WEIGHTS_FILE_NAME).is_file():
-                raise RuntimeError(f"ExecuTorch wrote no {WEIGHTS_FILE_NAME} for an export with external weights.")
-        eager.config.save_pretrained(directory)
-        if getattr(eager, "generation_config", None) is not None and eager.can_generate():
-            eager.generation_config.save_pretrained(directory)
-        for preprocessor in preprocessors.values():
-            if preprocessor is not None:
-                preprocessor.save_pretrained(directory)
-        if tokenizer is not None and task_spec.llm_runner:
-            sentencepiece_model = sentencepiece_model_file(options)
-            if sentencepiece_model and not (directory / "tokenizer.model").exists():
-                shutil.copy(sentencepiece_model, directory / "tokenizer.model")
-            if not (directory / "tokenizer.model").exists() and write_sentencepiece_model(
-                tokenizer, directory / "tokenizer.model"
-            ):
-                logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
-            executorch_config["runner_tokenizer"] = check_runner_tokenizer(tokenizer, directory, constant_methods)
-        # Checked by the runtime before loading: a damaged program or weights file otherwise loads and answers NaN.
-        executorch_config["checksums"] = {name: file_sha256(directory / name) for name in program_files}
-        with open(directory / EXECUTORCH_CONFIG_NAME, "w") as f:
-            json.dump(executorch_config, f, indent=2, sort_keys=True)
-
-    write_output(output_dir, options.overwrite, write_files)
-    sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in program_files)
+        with stage("load"):
+            eager, preprocessors = load_stage(plan)
+    with stage("quantize"):
+        quantized_layers = plan.quantization.apply(eager, preprocessors.get("tokenizer")) if plan.quantization.enabled else {}
+    with stage("export"):
+        wrapper, programs, constant_methods = export_stage(plan, eager)
+    with stage("lower"):
+        executorch_program = plan.recipe.lower(programs, constant_methods, external_weights=plan.external_weights)
+    manifest = build_manifest(plan, wrapper, constant_methods, quantized_layers)
+    with stage("write"):
+        write_output(
+            output_dir, options.overwrite, lambda d: write_files(d, plan, eager, preprocessors, executorch_program, manifest)
+        )
+    sizes = ", ".join(f"{name} {(output_dir / name).stat().st_size / 1e6:.1f} MB" for name in manifest.checksums)
     logger.info("Wrote %s (%s) in %.1f s in total.", output_dir, sizes, time.perf_counter() - start)
     return output_dir
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """Times and logs one stage of an export (`STAGES`), with the process's peak RSS at its end."""
+    start = time.perf_counter()
+    yield
+    logger.info("Stage %-8s done in %6.1f s (peak RSS %.0f MB).", name, time.perf_counter() - start, _peak_rss_mb())
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def load_stage(plan: ExportPlan) -> Tuple[Any, Dict[str, Any]]:
+    """The eager model (eval, requested dtype) and the preprocessors the task saves with the program."""
+    options, task_spec = plan.options, plan.task_spec
+    logger.info("Loading '%s' (%s, task %s)...", options.model, plan.hf_config.model_type, task_spec.name)
+    # Preprocessors first: a damaged tokenizer fails the export before the weights are read.
+    preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
+    eager = load_model(options, task_spec.load_auto_class(), plan.export_config.model_load_kwargs())
+    return eager, preprocessors
+
+
+def export_stage(plan: ExportPlan, eager) -> Tuple[Any, Dict[str, Any], Dict[str, Any]]:
+    """The task's wrapper around the (patched) model, its `torch.export`ed methods and its constant methods."""
+    export_config = plan.export_config
+    with export_config.patch_model(eager):
+        wrapper = export_config.wrapper_class()(eager, max_seq_len=plan.max_seq_len, **plan.wrapper_kwargs())
+        programs = export_programs(wrapper)
+    constant_methods = dict(wrapper.metadata(getattr(eager, "generation_config", None)), **export_config.extra_metadata())
+    if plan.external_weights:
+        logger.info("Weights go to %s (%s).", WEIGHTS_FILE_NAME, plan.sources["external_weights"])
+    return wrapper, programs, constant_methods
+
+
+def build_manifest(plan: ExportPlan, wrapper, constant_methods, quantized_layers) -> ExportManifest:
+    """What was exported, as `executorch_config.json` records it (checksums and tokenizer check added on write)."""
+    quantization, options = plan.quantization, plan.options
+    kernel_libraries = (
+        ([CUSTOM_OPS_KERNEL_LIBRARY] if plan.custom_sdpa else [])
+        + quantization.kernel_libraries()
+        + ([QUANTIZED_KERNEL_LIBRARY] if (plan.checkpoint_quantization or {}).get("embeddings") else [])
+    )
+    return ExportManifest(
+        task=plan.task_spec.name,
+        model_type=plan.hf_config.model_type,
+        recipe=plan.recipe.name,
+        dtype=options.dtype,
+        max_seq_len=plan.max_seq_len,
+        methods=list(wrapper.method_names),
+        inputs=list(getattr(wrapper, "input_names", ("input_ids", "cache_position"))),
+        method_inputs=plan.methods(),
+        custom_sdpa=plan.custom_sdpa,
+        custom_kv_cache=plan.custom_kv_cache,
+        export_config=type(plan.export_config).__name__,
+        cache_layout=getattr(plan.export_config, "cache_layout", None),
+        weights_file=WEIGHTS_FILE_NAME if plan.external_weights else None,
+        kernel_libraries=kernel_libraries,
+        quantization=dict(quantization.to_dict(), layers=quantized_layers)
+        if quantization.enabled
+        else plan.checkpoint_quantization,
+        metadata=constant_methods,
+        options=options.to_dict(),
+        versions=_package_versions(),
+        checksums={name: "" for name in [PTE_FILE_NAME] + ([WEIGHTS_FILE_NAME] if plan.external_weights else [])},
+    )
+
+
+def write_files(directory: Path, plan: ExportPlan, eager, preprocessors, executorch_program, manifest) -> None:
+    """Writes the program, its weights, the configs, the preprocessors and the manifest into `directory`."""
+    options, tokenizer = plan.options, preprocessors.get("tokenizer")
+    with open(directory / PTE_FILE_NAME, "wb") as f:
+        executorch_program.write_to_file(f)
+    if plan.external_weights:
+        executorch_program.write_tensor_data_to_file(str(directory))
+        if not (directory / WEIGHTS_FILE_NAME).is_file():
+            raise RuntimeError(f"ExecuTorch wrote no {WEIGHTS_FILE_NAME} for an export with external weights.")
+    eager.config.save_pretrained(directory)
+    if getattr(eager, "generation_config", None) is not None and eager.can_generate():
+        eager.generation_config.save_pretrained(directory)
+    for preprocessor in preprocessors.values():
+        if preprocessor is not None:
+            preprocessor.save_pretrained(directory)
+    if tokenizer is not None and plan.task_spec.llm_runner:
+        sentencepiece_model = sentencepiece_model_file(options)
+        if sentencepiece_model and not (directory / "tokenizer.model").exists():
+            shutil.copy(sentencepiece_model, directory / "tokenizer.model")
+        if not (directory / "tokenizer.model").exists() and write_sentencepiece_model(tokenizer, directory / "tokenizer.model"):
+            logger.info("Wrote tokenizer.model (rebuilt from tokenizer.json) for ExecuTorch's runner.")
+        manifest.runner_tokenizer = check_runner_tokenizer(tokenizer, directory, manifest.metadata)
+    manifest.checksums = {name: file_sha256(directory / name) for name in manifest.checksums}
+    manifest.to_json(directory)

@@ -117,10 +117,9 @@ def load_config(options):
     except Exception as err:
         gguf_path = os.path.join(source, kwargs["gguf_file"]) if "gguf_file" in kwargs else None
         if gguf_path and os.path.isfile(gguf_path) and not isinstance(err, (ImportError, MemoryError)):
-            raise DamagedCheckpointError(
-                f"'{gguf_path}' is not a readable GGUF file ({os.path.getsize(gguf_path):,} bytes; "
-                f"{type(err).__name__}: {err}): it is truncated or damaged. Download it again."
-            ) from err
+            import gguf
+
+            _checked_gguf(gguf.GGUFReader, gguf_path)  # names a truncated or damaged file; else the error stands
         if not isinstance(err, (OSError, ValueError)):
             raise
         if "trust_remote_code" in str(err):
@@ -133,6 +132,20 @@ def load_config(options):
         ) from err
 
 
+def _is_unreadable_weights(err: Exception) -> bool:
+    """Whether loading failed in the weights file's reader (a truncated or damaged file), not elsewhere."""
+    import pickle
+    import struct
+
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        SafetensorError = ()
+    if isinstance(err, (SafetensorError, pickle.UnpicklingError, EOFError, struct.error)):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in ("PytorchStreamReader", "zip archive"))
+
+
 def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
     """Loads the eager model in eval mode with the requested dtype."""
     source, kwargs = _source(options)
@@ -142,10 +155,8 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
         model, info = auto_class.from_pretrained(
             source, dtype=dtype, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs
         )
-    except (ImportError, MemoryError, DamagedCheckpointError):
-        raise
-    except Exception as err:  # a damaged weights file raises the reader's own error class (SafetensorError, ...)
-        if isinstance(err, (ValueError, TypeError, OSError)) and "trust_remote_code" in str(err):
+    except Exception as err:
+        if not _is_unreadable_weights(err):
             raise
         raise OSError(
             f"Could not load the weights of '{options.model}' ({type(err).__name__}: {err}). The checkpoint files may be "
@@ -188,8 +199,13 @@ def load_preprocessor(options, kind: str = "tokenizer") -> Optional[Any]:
     try:
         return auto_class.from_pretrained(source, trust_remote_code=options.trust_remote_code, **kwargs)
     except (OSError, ValueError, TypeError, KeyError) as err:
+        if "trust_remote_code" in str(err):
+            raise ValueError(
+                f"The {kind.replace('_', ' ')} of '{options.model}' ships its own code. Review it, then pass "
+                "--trust_remote_code to run it."
+            ) from err
         present = _tokenizer_files(source) if kind == "tokenizer" and not options.gguf_file else []
-        if present:
+        if present and not _missing_dependency(err):
             raise ValueError(
                 f"Could not load the tokenizer of '{options.model}' from {', '.join(present)} ({err}). An export "
                 "without it could not run a pipeline or ExecuTorch's runner: repair or replace those files (or "
@@ -208,6 +224,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 def _tokenizer_files(source: str):
     """The tokenizer files a local checkpoint directory holds."""
     return [name for name in _TOKENIZER_FILES if os.path.isfile(os.path.join(source, name))]
+
+
+def _missing_dependency(err: Exception) -> bool:
+    # transformers says a tokenizer needs a package that is not installed (sentencepiece, protobuf, tiktoken).
+    text = str(err).lower()
+    return "pip install" in text or "requires the" in text or "library but it was not found" in text
 
 
 def load_tokenizer(options) -> Optional[Any]:

@@ -1,13 +1,17 @@
 """The output directory of an export: refused where it would replace the user's data, checked for writing
 before any work, and written atomically (a failed or killed export leaves the previous output as it was)."""
 
+import hashlib
 import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Optional
+
+from ..contract import EXECUTORCH_CONFIG_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +28,17 @@ def _overlap(output_dir: Path, other: Path) -> Optional[str]:
     return None
 
 
+def _holds_other_files(directory: Path) -> bool:
+    """Whether `directory` holds files that are not a previous export (an overwrite would delete them)."""
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return False
+    return not ((directory / EXECUTORCH_CONFIG_NAME).is_file() or any(directory.glob("*.pte")))
+
+
 def refuse_output_over_inputs(options, output_dir: Path) -> None:
-    """An export replaces its output directory: refuse one that holds the checkpoint, a Hugging Face cache or
-    the working directory, before any work (`-m DIR -o DIR --overwrite` would otherwise delete DIR)."""
+    """An export replaces its output directory: refuse one that is or holds the checkpoint, a Hugging Face cache or
+    the working directory, or lies inside the cache, before any work (`-m DIR -o DIR --overwrite` deleted DIR).
+    Inside the checkpoint, only a directory holding files other than a previous export is refused."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     protected = []
@@ -36,6 +48,8 @@ def refuse_output_over_inputs(options, output_dir: Path) -> None:
     protected += [("the Hugging Face cache", Path(cache).expanduser()) for cache in (HF_HUB_CACHE, options.cache_dir) if cache]
     for what, path in protected:
         relation = _overlap(output_dir, path)
+        if relation == "lies inside" and what == "the model checkpoint" and not _holds_other_files(output_dir):
+            continue  # a new subdirectory (`-m . -o et`), or a previous export: the checkpoint's files stay
         if relation:
             raise ValueError(
                 f"--output_dir '{output_dir}' {relation} {what} '{path}': an export replaces its output directory. "
@@ -59,21 +73,32 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
         )
 
 
+def _host_tag() -> str:
+    # On a shared filesystem a PID names a process of one host only.
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+
+
 def _partial_prefix(output_dir: Path, kind: str = "partial") -> str:
-    # The writer's PID in the name tells a stale partial (its writer is gone) from one still being written.
-    return f".{output_dir.name[:160]}.{kind}-{os.getpid()}-"
+    # The writer's host and PID in the name tell a stale partial (its writer is gone) from one still being written.
+    return f".{output_dir.name[:160]}.{kind}-{_host_tag()}-{os.getpid()}-"
 
 
-def _remove_stale_partials(output_dir: Path) -> None:
-    """Removes what an export of the same output killed mid-write left beside it (its process is gone)."""
+def remove_stale_partials(output_dir: Path) -> None:
+    """Cleans up after an export of the same output that was killed mid-write (its process is gone): a partial
+    is removed; a previous export set aside for the rename is put back if the output is missing."""
     if not output_dir.parent.is_dir():
         return
-    pattern = re.compile(rf"^\.{re.escape(output_dir.name[:160])}\.(partial|old)-(\d+)-")
-    for path in output_dir.parent.iterdir():
+    pattern = re.compile(rf"^\.{re.escape(output_dir.name[:160])}\.(partial|old)-{_host_tag()}-(\d+)-")
+    for path in sorted(output_dir.parent.iterdir()):
         match = pattern.match(path.name)
-        if match and path.is_dir() and not _process_alive(int(match.group(2))):
+        if not match or not path.is_dir() or _process_alive(int(match.group(2))):
+            continue
+        if match.group(1) == "old" and (path / "previous").is_dir() and not output_dir.exists():
+            os.replace(path / "previous", output_dir)
+            logger.info("Restored %s from %s, set aside by an export that did not finish.", output_dir, path)
+        else:
             logger.info("Removing %s, left by an export of %s that did not finish.", path, output_dir)
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _process_alive(pid: int) -> bool:
@@ -103,7 +128,6 @@ def check_writable(output_dir: Path) -> None:
 
 def write_output(output_dir: Path, overwrite: bool, write_files) -> None:
     """Writes into a temporary sibling directory, then moves it into place in one rename."""
-    _remove_stale_partials(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(output_dir), dir=output_dir.parent))
     try:

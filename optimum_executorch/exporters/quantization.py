@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from ..utils import suggest
+from ..contract import QUANTIZED_KERNEL_LIBRARY
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ LINEAR_METHODS = ("auto", "rtn", "gptq")
 # (1.040x) in 23 s; 32 x 256 (explicit "gptq") 24.95 in 46 s; 16 x 256 25.40 in 30 s.
 AUTO_CALIBRATION_LENGTH = 128
 # Kernels the program needs when embeddings are quantized (imported by the runtime before loading).
-QUANTIZED_KERNEL_LIBRARY = "executorch.kernels.quantized"
 
 
 def _check_group_size(name: str, value) -> None:

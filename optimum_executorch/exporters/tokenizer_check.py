@@ -9,9 +9,11 @@ strings with both, checks bos/eos against the program's metadata, records the re
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-from ..modeling.runner import RUNNER_TOKENIZER_FILES, runner_tokenizer_load_path, tokenizer_adds_bos
+from .. import contract
+from ..contract import RUNNER_TOKENIZER_FILES, runner_tokenizer_load_path
+from ..utils import tokenizer_adds_bos
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +121,9 @@ def _check_special_tokens(hf_tokenizer, runner_tokenizer, metadata) -> Dict[str,
     adds_bos = tokenizer_adds_bos(hf_tokenizer)
     if adds_bos and runner_tokenizer.bos_tok() != hf_tokenizer.bos_token_id:
         problems.append(f"bos: the runner's is {runner_tokenizer.bos_tok()}, the tokenizer's {hf_tokenizer.bos_token_id}")
-    if adds_bos and metadata.get("get_bos_id") not in (None, hf_tokenizer.bos_token_id):
+    if adds_bos and metadata.get(contract.BOS_ID) not in (None, hf_tokenizer.bos_token_id):
         problems.append(f"bos: the program's get_bos_id is {metadata['get_bos_id']}, the tokenizer's {hf_tokenizer.bos_token_id}")
-    eos_ids = metadata.get("get_eos_ids") or []
+    eos_ids = metadata.get(contract.EOS_IDS) or []
     if hf_tokenizer.eos_token_id is not None and eos_ids and hf_tokenizer.eos_token_id not in eos_ids:
         problems.append(
             f"eos: the tokenizer's eos {hf_tokenizer.eos_token_id} is not among the program's get_eos_ids {eos_ids}"

@@ -6,7 +6,6 @@ export side is imported only inside `from_pretrained(..., export=True)`.
 """
 
 import importlib
-import json
 import logging
 import os
 import shutil
@@ -19,8 +18,14 @@ import torch
 from optimum.modeling_base import OptimizedModel
 from transformers import AutoConfig, PretrainedConfig
 
-from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME
-from .program_files import CorruptProgramError, check_data_file, check_program_file, explain_runtime_error, verify_checksums
+from ..contract import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, ExportManifest
+from .program_files import (
+    CorruptProgramError,
+    check_data_file,
+    check_program_file,
+    explain_runtime_error,
+    verify_checksums,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +109,19 @@ class ExecuTorchModel(OptimizedModel):
         program,
         config: PretrainedConfig,
         model_save_dir: Union[str, Path],
-        executorch_config: Optional[Dict[str, Any]] = None,
+        manifest: Optional[ExportManifest] = None,
     ):
         super().__init__(model=program, config=config)
         self.program = program
         self.model_save_dir = Path(model_save_dir)
-        self.executorch_config = executorch_config or {}
+        self.manifest = manifest if manifest is not None else ExportManifest()
         self._temp_dir = None  # keeps an on-the-fly export alive as long as the model
         self._lock = threading.RLock()  # see checks.one_call_at_a_time
+
+    @property
+    def executorch_config(self) -> Dict[str, Any]:
+        """`executorch_config.json` as a dict (read-only view of `self.manifest`)."""
+        return self.manifest.to_dict()
 
     # ----------------------------------------------------------------------------------------- loading
     @staticmethod
@@ -233,19 +243,17 @@ class ExecuTorchModel(OptimizedModel):
     def _from_dir(
         cls, model_dir: Path, config: Optional[PretrainedConfig] = None, verify_checksums: bool = True, **runtime_kwargs
     ) -> "ExecuTorchModel":
-        executorch_config = {}
-        if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
-            executorch_config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
-        cls.load_kernel_libraries(executorch_config.get("kernel_libraries", []))
-        weights_file = executorch_config.get("weights_file")
+        manifest = ExportManifest.from_json(model_dir)
+        cls.load_kernel_libraries(manifest.kernel_libraries)
+        weights_file = manifest.weights_file
         if weights_file is not None and Path(weights_file).name != weights_file:
             raise ValueError(f"weights_file {weights_file!r} in {EXECUTORCH_CONFIG_NAME} must be a file name in '{model_dir}'.")
         program = cls.load_program(
             model_dir / PTE_FILE_NAME,
             model_dir / weights_file if weights_file else None,
-            executorch_config.get("checksums") if verify_checksums else None,
+            manifest.checksums if verify_checksums else None,
         )
-        task = executorch_config.get("task")
+        task = manifest.task
         if cls.task and task and task != cls.task:
             raise ValueError(
                 f"'{model_dir}' was exported for task '{task}', which {cls.__name__} does not run "
@@ -253,7 +261,7 @@ class ExecuTorchModel(OptimizedModel):
             )
         if config is None:
             config = _load_config(model_dir)
-        return cls(program, config, model_save_dir=model_dir, executorch_config=executorch_config, **runtime_kwargs)
+        return cls(program, config, model_save_dir=model_dir, manifest=manifest, **runtime_kwargs)
 
     # ------------------------------------------------------------------------------------------ saving
     def _save_pretrained(self, save_directory: Union[str, Path]) -> None:
@@ -301,7 +309,7 @@ class ExecuTorchModel(OptimizedModel):
 
     @property
     def dtype(self) -> torch.dtype:
-        return getattr(torch, self.executorch_config.get("dtype", "float32"))
+        return getattr(torch, self.manifest.dtype)
 
     def to(self, *args, **kwargs):
         return self  # an ExecuTorch program runs where it is loaded

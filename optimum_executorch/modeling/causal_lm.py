@@ -14,16 +14,24 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .. import contract
+from ..utils import tokenizer_adds_bos
 from .base import ExecuTorchModel, register_for_pipelines
-from .checks import check_finite, check_no_padding, check_positions, one_call_at_a_time
+from .checks import (
+    check_finite,
+    check_no_beam_search,
+    check_no_padding,
+    check_positions,
+    check_token_ids,
+    clamp_new_tokens,
+    one_call_at_a_time,
+)
 from .runner import (
-    RUNNER_REQUIRED_METHODS,
     GenerationStats,
     RunnerEngine,
     TimingStreamer,
     check_engine,
     runner_tokenizer_path,
-    tokenizer_adds_bos,
 )
 from .threads import exclusive_cores
 
@@ -63,14 +71,14 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
 
     runtime_options = ("engine",)
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None, engine: str = "python"):
-        super().__init__(program, config, model_save_dir, executorch_config)
+    def __init__(self, program, config, model_save_dir, manifest=None, engine: str = "python"):
+        super().__init__(program, config, model_save_dir, manifest)
         self.engine = check_engine(engine)
         # ExecuTorch's LLM runner contract: get_max_context_len positions in all, get_max_seq_len tokens a call at most.
-        per_call = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
-        self.max_seq_len = int(self.read_constant("get_max_context_len", per_call))
+        per_call = int(self.read_constant(contract.MAX_SEQ_LEN, self.manifest.max_seq_len))
+        self.max_seq_len = int(self.read_constant(contract.MAX_CONTEXT_LEN, per_call))
         self.max_chunk_len = min(per_call, self.max_seq_len - 1)
-        self.vocab_size = int(self.read_constant("get_vocab_size", config.get_text_config().vocab_size))
+        self.vocab_size = int(self.read_constant(contract.VOCAB_SIZE, config.get_text_config().vocab_size))
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.model_save_dir)
         except OSError:
@@ -101,14 +109,14 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
 
     @functools.cached_property
     def _runner(self) -> RunnerEngine:
-        missing = [name for name in RUNNER_REQUIRED_METHODS if name not in self.program.method_names]
+        missing = [name for name in contract.RUNNER_REQUIRED_METHODS if name not in self.program.method_names]
         if missing:
             raise ValueError(
                 f"'{self.model_save_dir}' lacks {', '.join(missing)}, which ExecuTorch's runner needs. Re-export it with "
                 "`optimum-cli export executorch`, or use engine='python'."
             )
         runner_tokenizer_path(self.model_save_dir)  # a clear error before the tokenizer is loaded
-        checked = self.executorch_config.get("runner_tokenizer") or {}
+        checked = self.manifest.runner_tokenizer or {}
         if checked and not checked.get("file"):
             raise ValueError(
                 f"ExecuTorch's runner cannot read the tokenizer of '{self.model_save_dir}' "
@@ -126,7 +134,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
             special_texts=set(self.tokenizer.all_special_tokens)
             | {token.content for token in self.tokenizer.added_tokens_decoder.values() if token.special},
             tokenizer_file=checked.get("file"),
-            weights_file=self.executorch_config.get("weights_file"),
+            weights_file=self.manifest.weights_file,
         )
 
     @classmethod
@@ -143,24 +151,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
 
     # ----------------------------------------------------------------------------------------- forward
     def _check_input_ids(self, input_ids: torch.Tensor) -> None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise ValueError("input_ids must be a 2D tensor of shape [batch_size, sequence_length].")
-        if input_ids.shape[0] != 1:
-            raise ValueError(
-                f"This program was exported for batch size 1, got batch size {input_ids.shape[0]}. "
-                "Run the prompts one at a time."
-            )
-        if input_ids.numel() == 0:
-            raise ValueError("input_ids is empty: pass at least one token.")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"Token id {bad} is outside the vocabulary of this program (0..{self.vocab_size - 1}). "
-                "Use the tokenizer that was exported with the model."
-            )
+        check_token_ids(input_ids, self.vocab_size)
 
     @one_call_at_a_time
     def forward(
@@ -225,9 +216,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
     def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, **kwargs):
         """transformers' `generate`, with the program's limits checked first (see the class docstring)."""
         config = generation_config if generation_config is not None else self.generation_config
-        num_beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
-        if num_beams > 1:
-            raise ValueError("Beam search is not supported by this program (batch size 1): use num_beams=1.")
+        check_no_beam_search(kwargs, config)
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is None:
             raise ValueError("Pass the prompt as input_ids (a [1, seq] tensor of token ids).")
@@ -235,24 +224,10 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
         check_no_padding(kwargs.get("attention_mask"))
         prompt_len = input_ids.shape[1]
         self._check_prompt_fits(prompt_len)
-        if kwargs.get("max_new_tokens") is not None:
-            wanted = kwargs["max_new_tokens"]
-        elif kwargs.get("max_length") is not None:
-            wanted = kwargs["max_length"] - prompt_len
-        elif getattr(config, "max_new_tokens", None) is not None:
-            wanted = config.max_new_tokens
-        else:
-            wanted = (getattr(config, "max_length", None) or 20) - prompt_len
-        room = self.max_seq_len - prompt_len
-        if wanted > room:
-            logger.warning(
-                "Generating at most %d new tokens: the program's context is %d tokens and the prompt has %d.",
-                room,
-                self.max_seq_len,
-                prompt_len,
-            )
-            kwargs["max_new_tokens"] = room
-            kwargs.pop("max_length", None)
+        clamp_new_tokens(
+            kwargs, config, prompt_len, self.max_seq_len,
+            f"the program's context is {self.max_seq_len} tokens and the prompt has {prompt_len}",
+        )  # fmt: skip
         with exclusive_cores():  # once for the whole loop, see threads.py
             return super().generate(inputs, generation_config=generation_config, **kwargs)
 

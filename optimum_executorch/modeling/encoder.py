@@ -15,8 +15,9 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
+from .. import contract
 from .base import ExecuTorchModel, register_for_pipelines
-from .checks import one_call_at_a_time
+from .checks import check_token_ids, one_call_at_a_time
 from .threads import exclusive_cores
 
 
@@ -28,42 +29,25 @@ class ExecuTorchModelForEncoder(ExecuTorchModel):
     main_input_name = "input_ids"
     input_modalities = ("text",)
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None):
-        super().__init__(program, config, model_save_dir, executorch_config)
+    def __init__(self, program, config, model_save_dir, manifest=None):
+        super().__init__(program, config, model_save_dir, manifest)
         self._forward_method = self.load_method("forward")
-        self.input_names = list(self.executorch_config.get("inputs", ["input_ids", "attention_mask"]))
-        self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
-        self.max_batch_size = int(self.read_constant("get_max_batch_size", 1))
-        self.vocab_size = int(self.read_constant("get_vocab_size", config.vocab_size))
+        self.input_names = list(self.manifest.inputs or ["input_ids", "attention_mask"])
+        self.max_seq_len = int(self.read_constant(contract.MAX_SEQ_LEN, self.manifest.max_seq_len))
+        self.max_batch_size = int(self.read_constant(contract.MAX_BATCH_SIZE, 1))
+        self.vocab_size = int(self.read_constant(contract.VOCAB_SIZE, config.vocab_size))
 
     @classmethod
     def can_generate(cls) -> bool:
         return False
 
     def _check(self, input_ids, attention_mask, token_type_ids):
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        if not isinstance(input_ids, torch.Tensor):
             raise ValueError(
-                f"{type(self).__name__} takes input_ids, a 2D tensor of token ids [batch_size, sequence_length]"
-                f"{'' if not isinstance(input_ids, torch.Tensor) else f', got shape {tuple(input_ids.shape)}'}. "
+                f"{type(self).__name__} takes input_ids, a 2D tensor of token ids [batch_size, sequence_length]. "
                 "Tokenize the text with the tokenizer exported with the model."
             )
-        if input_ids.numel() == 0:
-            raise ValueError("input_ids is empty: pass at least one token.")
-        if input_ids.is_floating_point():
-            raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
-        seq_len = input_ids.shape[1]
-        if seq_len > self.max_seq_len:
-            raise ValueError(
-                f"The input has {seq_len} tokens; this program takes at most {self.max_seq_len}. Truncate it "
-                f"(tokenizer(..., truncation=True, max_length={self.max_seq_len})) or re-export with a larger "
-                "--max_seq_len."
-            )
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(
-                f"Token id {low if low < 0 else high} is outside the vocabulary of this program "
-                f"(0..{self.vocab_size - 1}). Use the tokenizer that was exported with the model."
-            )
+        check_token_ids(input_ids, self.vocab_size, max_len=self.max_seq_len, batch_size_1=False)
         for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if tensor is not None and tuple(tensor.shape) != tuple(input_ids.shape):
                 raise ValueError(f"{name} has shape {tuple(tensor.shape)}; it must match input_ids {tuple(input_ids.shape)}.")

@@ -16,8 +16,8 @@ from typing import Dict, Optional
 from ..utils import file_sha256
 
 # Flatbuffer file identifiers at bytes 4..8: a program ("ET" + schema version) and a named-data file.
-_PROGRAM_IDENTIFIER = re.compile(rb"ET\d\d")
-_DATA_IDENTIFIER = re.compile(rb"FT\d\d")
+_PROGRAM_IDENTIFIER = re.compile(rb"ET[0-9a-zA-Z]{2}")
+_DATA_IDENTIFIER = re.compile(rb"FT[0-9a-zA-Z]{2}")
 # The extended headers that follow the identifier and say where the segments (weights, delegate blobs) lie.
 _PROGRAM_HEADER, _DATA_HEADER = b"eh00", b"FH01"
 

@@ -11,7 +11,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Union
 
-from ..constants import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, WEIGHTS_FILE_NAME
+from ..contract import (
+    EXECUTORCH_CONFIG_NAME,
+    PTE_FILE_NAME,
+    WEIGHTS_FILE_NAME,
+    ExportManifest,
+)
 
 # ExecuTorch's ScalarType codes (the same numbering as torch's).
 _DTYPE_NAMES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32", 7: "float64", 11: "bool", 15: "bfloat16"}
@@ -49,9 +54,7 @@ def describe_export(path: Union[str, Path]) -> Dict[str, Any]:
 
     path = Path(path)
     model_dir, pte_path = (path.parent, path) if path.suffix == ".pte" else (path, path / PTE_FILE_NAME)
-    config = {}
-    if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
-        config = json.loads((model_dir / EXECUTORCH_CONFIG_NAME).read_text())
+    config = ExportManifest.from_json(model_dir).to_dict() if (model_dir / EXECUTORCH_CONFIG_NAME).is_file() else {}
     ExecuTorchModel.load_kernel_libraries(config.get("kernel_libraries", []))
     weights = config.get("weights_file")
     if weights is None and (model_dir / WEIGHTS_FILE_NAME).is_file():

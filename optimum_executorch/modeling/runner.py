@@ -12,16 +12,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
-from ..constants import PTE_FILE_NAME
+from ..contract import (
+    KERNEL_LIBRARIES,
+    PTE_FILE_NAME,
+    RUNNER_TOKENIZER_FILES,
+    runner_tokenizer_load_path,
+)
 from .threads import exclusive_cores
 
 ENGINES = ("python", "runner")
-# Methods a program must have for the runner: the decoder and the context length it sizes its loop by.
-RUNNER_REQUIRED_METHODS = ("forward", "get_max_seq_len")
-# Tokenizer files the runner's tokenizer library reads, in order of preference.
-RUNNER_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
-# Registers the quantized and custom kernels that programs may need in the runner's operator registry.
-_RUNNER_KERNEL_LIBRARIES = ("executorch.extension.llm.custom_ops.custom_ops", "executorch.kernels.quantized")
 
 
 @dataclass
@@ -64,18 +63,6 @@ def check_engine(engine: str) -> str:
     return engine
 
 
-def tokenizer_adds_bos(tokenizer) -> bool:
-    """Whether the Hugging Face tokenizer puts its BOS token before a text (the runner must then add one)."""
-    bos = tokenizer.bos_token_id
-    return bos is not None and tokenizer("a").input_ids[:1] == [bos]
-
-
-def runner_tokenizer_load_path(model_dir: Path, file_name: str) -> Path:
-    """The path to hand the runner's tokenizer library for `file_name`: the directory for tokenizer.json (the
-    library then reads bos/eos from tokenizer_config.json), the file itself otherwise."""
-    return model_dir if file_name == RUNNER_TOKENIZER_FILES[0] else model_dir / file_name
-
-
 def runner_tokenizer_path(model_dir: Path) -> Path:
     """The tokenizer file of an export directory that the runner reads."""
     for name in RUNNER_TOKENIZER_FILES:
@@ -108,7 +95,7 @@ class RunnerEngine:
         tokenizer_file: Optional[str] = None,
         weights_file: Optional[str] = None,
     ):
-        for name in _RUNNER_KERNEL_LIBRARIES:
+        for name in KERNEL_LIBRARIES:  # the runner has its own operator registry: register every kernel a program may call
             importlib.import_module(name)
         from executorch.extension.llm.runner import TextLLMRunner
 

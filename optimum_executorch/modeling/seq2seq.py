@@ -7,18 +7,24 @@ self-attention cache held inside the program. `generate` is transformers' own `G
 """
 
 import contextlib
-import logging
 from typing import Optional
 
 import torch
 from transformers import GenerationConfig, GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from .. import contract
 from .base import ExecuTorchModel, register_for_pipelines
-from .checks import check_finite, check_no_padding, check_positions, one_call_at_a_time
+from .checks import (
+    check_finite,
+    check_no_beam_search,
+    check_no_padding,
+    check_positions,
+    check_token_ids,
+    clamp_new_tokens,
+    one_call_at_a_time,
+)
 from .threads import exclusive_cores
-
-logger = logging.getLogger(__name__)
 
 
 class _ProgramEncoder:
@@ -59,12 +65,12 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
     _is_stateful = True
     _supports_cache_class = False
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None):
-        super().__init__(program, config, model_save_dir, executorch_config)
+    def __init__(self, program, config, model_save_dir, manifest=None):
+        super().__init__(program, config, model_save_dir, manifest)
         self._encoder_method = self.load_method("encoder")
         self._decoder_method = self.load_method("decoder")
-        self.max_seq_len = int(self.read_constant("get_max_seq_len", self.executorch_config.get("max_seq_len")))
-        self.vocab_size = int(self.read_constant("get_vocab_size", config.vocab_size))
+        self.max_seq_len = int(self.read_constant(contract.MAX_SEQ_LEN, self.manifest.max_seq_len))
+        self.vocab_size = int(self.read_constant(contract.VOCAB_SIZE, config.vocab_size))
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.model_save_dir)
         except OSError:
@@ -88,27 +94,7 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
 
     # ------------------------------------------------------------------------------------------ checks
     def _check_ids(self, ids, name: str, limit: int) -> None:
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            raise ValueError(f"{name} must be a 2D tensor of token ids [batch_size, sequence_length].")
-        if ids.shape[0] != 1:
-            raise ValueError(
-                f"This program was exported for batch size 1, got batch size {ids.shape[0]}. Run the inputs one at a time."
-            )
-        if ids.numel() == 0:
-            raise ValueError(f"{name} is empty: pass at least one token.")
-        if ids.is_floating_point():
-            raise ValueError(f"{name} must hold integer token ids, got {ids.dtype}.")
-        if ids.shape[1] > limit:
-            raise ValueError(
-                f"{name} has {ids.shape[1]} tokens; this program takes at most {limit}. Truncate the input "
-                f"(tokenizer(..., truncation=True, max_length={limit})) or re-export with a larger --max_seq_len."
-            )
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(
-                f"Token id {low if low < 0 else high} in {name} is outside the vocabulary of this program "
-                f"(0..{self.vocab_size - 1}). Use the tokenizer that was exported with the model."
-            )
+        check_token_ids(ids, self.vocab_size, name, max_len=limit)
 
     # ----------------------------------------------------------------------------------------- methods
     @one_call_at_a_time
@@ -168,21 +154,11 @@ class ExecuTorchModelForSeq2SeqLM(ExecuTorchModel, GenerationMixin):
     def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, **kwargs):
         """transformers' `generate`, with the program's limits checked first (see the class docstring)."""
         config = generation_config if generation_config is not None else self.generation_config
-        if (kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1) > 1:
-            raise ValueError("Beam search is not supported by this program (batch size 1): use num_beams=1.")
+        check_no_beam_search(kwargs, config)
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is not None:
             self._check_ids(input_ids, "input_ids", self.max_seq_len)
-        if kwargs.get("max_new_tokens") is not None:
-            wanted = kwargs["max_new_tokens"]
-        elif kwargs.get("max_length") is not None:
-            wanted = kwargs["max_length"] - 1
-        else:
-            wanted = getattr(config, "max_new_tokens", None) or (getattr(config, "max_length", None) or 20) - 1
-        room = self.max_seq_len - 1  # the decoder start token takes position 0
-        if wanted > room:
-            logger.warning("Generating at most %d new tokens: the decoder holds %d positions.", room, self.max_seq_len)
-            kwargs["max_new_tokens"] = room
-            kwargs.pop("max_length", None)
+        # The decoder start token takes position 0.
+        clamp_new_tokens(kwargs, config, 1, self.max_seq_len, f"the decoder holds {self.max_seq_len} positions")
         with exclusive_cores():  # once for the whole loop, see threads.py
             return super().generate(inputs, generation_config=generation_config, **kwargs)

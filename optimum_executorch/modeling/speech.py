@@ -8,7 +8,6 @@ temperature fallback; each window's encoder runs once, then the decoder once per
 """
 
 import copy
-import logging
 from types import SimpleNamespace
 from typing import Optional
 
@@ -16,12 +15,12 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
 
+from .. import contract
 from .base import register_for_pipelines
+from .checks import check_no_beam_search, one_call_at_a_time
 from .seq2seq import ExecuTorchModelForSeq2SeqLM
-from .checks import one_call_at_a_time
 from .threads import exclusive_cores
 
-logger = logging.getLogger(__name__)
 
 # What WhisperGenerationMixin reads of the eager model's modules: the strides of the encoder's two
 # convolutions (it takes 2 log-mel frames per position).
@@ -54,11 +53,11 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
     auto_model_class = "AutoModelForSpeechSeq2Seq"
     main_input_name = "input_features"
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None):
-        super().__init__(program, config, model_save_dir, executorch_config)
+    def __init__(self, program, config, model_save_dir, manifest=None):
+        super().__init__(program, config, model_save_dir, manifest)
         self.model = _WHISPER_ENCODER_STRIDES
-        self.num_mel_bins = int(self.read_constant("get_num_mel_bins", config.num_mel_bins))
-        self.num_frames = int(self.read_constant("get_num_frames", 2 * config.max_source_positions))
+        self.num_mel_bins = int(self.read_constant(contract.NUM_MEL_BINS, config.num_mel_bins))
+        self.num_frames = int(self.read_constant(contract.NUM_FRAMES, 2 * config.max_source_positions))
         # Whisper's generation caps the decoder sequence at `config.max_target_positions`; during `generate` it reads
         # a copy capped at the program's positions (the model's own config, saved with the model, stays as it is).
         self._generation_model_config = copy.deepcopy(config)
@@ -91,8 +90,7 @@ class ExecuTorchModelForSpeechSeq2Seq(ExecuTorchModelForSeq2SeqLM, WhisperGenera
         """Whisper's `generate` (language, task, timestamps, long-form), within the program's limits (see the
         class docstring)."""
         config = generation_config if generation_config is not None else self.generation_config
-        if (kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1) > 1:
-            raise ValueError("Beam search is not supported by this program (batch size 1): use num_beams=1.")
+        check_no_beam_search(kwargs, config)
         if kwargs.get("return_token_timestamps"):
             raise ValueError(
                 "Word-level timestamps (return_token_timestamps, return_timestamps='word') need the decoder's "

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from .. import contract
 from .base import ExecuTorchModel, register_for_pipelines
 from .checks import one_call_at_a_time
 from .threads import exclusive_cores
@@ -25,13 +26,13 @@ class ExecuTorchModelForImageClassification(ExecuTorchModel):
     main_input_name = "pixel_values"
     input_modalities = ("image",)
 
-    def __init__(self, program, config, model_save_dir, executorch_config=None):
-        super().__init__(program, config, model_save_dir, executorch_config)
+    def __init__(self, program, config, model_save_dir, manifest=None):
+        super().__init__(program, config, model_save_dir, manifest)
         self._forward_method = self.load_method("forward")
-        self.max_batch_size = int(self.read_constant("get_max_batch_size", 1))
+        self.max_batch_size = int(self.read_constant(contract.MAX_BATCH_SIZE, 1))
         self.image_shape = tuple(
             int(self.read_constant(name, default))
-            for name, default in (("get_num_channels", 3), ("get_image_height", 224), ("get_image_width", 224))
+            for name, default in ((contract.NUM_CHANNELS, 3), (contract.IMAGE_HEIGHT, 224), (contract.IMAGE_WIDTH, 224))
         )
 
     @classmethod

@@ -18,10 +18,10 @@ import importlib
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
+from ...contract import CUSTOM_OPS_KERNEL_LIBRARY
 
 CUSTOM_SDPA = "executorch_custom_sdpa"
 # Recorded in executorch_config.json: the runtime loads these kernels before loading the program.
-CUSTOM_OPS_KERNEL_LIBRARY = "executorch.extension.llm.custom_ops.custom_ops"
 
 
 def _load_custom_ops() -> None:

@@ -5,7 +5,7 @@ import logging
 import time
 from typing import Any, Dict, List
 
-from ...constants import WEIGHTS_TAG
+from ...contract import WEIGHTS_TAG
 
 logger = logging.getLogger(__name__)
 

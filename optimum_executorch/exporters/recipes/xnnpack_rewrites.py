@@ -15,11 +15,9 @@ Together: 153 -> 94 delegate calls a step, decode 5.62 -> 5.36 ms (median of nin
 - transposes of heads and back: transformers moves q, k, v to [batch, heads, seq, head_dim] for RoPE, and the
   cache / attention ops take [batch, seq, heads, head_dim]: six transposes a layer. RoPE (mul, add, the
   rotate-half linear) runs in either layout, so the transposes are pulled back to their sources.
-The last two (2026-12-05, SmolLM2-135M 8da4w, ten alternating runs of the lowered method): delegates 94 -> 34 a
-step, decode step median 6.20 -> 5.89 ms, 128-token prefill 98 -> 93.5 ms, lowering 102 -> 87 s.
-
-Tried and not kept (2026-12-04): the mean as the 4-D mean XNNPACK takes, with `unsqueeze` off the last
-dimension as a reshape: one delegate a layer (33 calls a step) but a slower step (5.6-6.0 ms).
+The last two (SmolLM2-135M 8da4w, ten alternating runs of the lowered method): delegates 94 -> 34 a step, decode
+step median 6.20 -> 5.89 ms, 128-token prefill 98 -> 93.5 ms, lowering 102 -> 87 s. Rewrites measured and not
+kept are in docs/decisions.md.
 """
 
 import torch

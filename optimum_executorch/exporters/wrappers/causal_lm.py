@@ -13,6 +13,8 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ... import contract
+
 
 def register_cache_buffers(module: torch.nn.Module, cache) -> None:
     """Registers a static cache's tensors as buffers of `module`, which makes them mutable state of the program."""
@@ -146,14 +148,14 @@ class CausalLMExportableModule(torch.nn.Module):
         if bos is None:
             bos = getattr(text_config, "bos_token_id", None)
         metadata = {
-            "get_max_seq_len": self.max_seq_len,
-            "get_max_context_len": self.max_seq_len,
-            "get_vocab_size": int(text_config.vocab_size),
-            "get_n_layers": int(text_config.num_hidden_layers),
-            "get_eos_ids": [int(i) for i in eos_ids],
-            "use_kv_cache": True,
-            "enable_dynamic_shape": True,
+            contract.MAX_SEQ_LEN: self.max_seq_len,
+            contract.MAX_CONTEXT_LEN: self.max_seq_len,
+            contract.VOCAB_SIZE: int(text_config.vocab_size),
+            contract.N_LAYERS: int(text_config.num_hidden_layers),
+            contract.EOS_IDS: [int(i) for i in eos_ids],
+            contract.USE_KV_CACHE: True,
+            contract.ENABLE_DYNAMIC_SHAPE: True,
         }
         if bos is not None:
-            metadata["get_bos_id"] = int(bos)
+            metadata[contract.BOS_ID] = int(bos)
         return metadata

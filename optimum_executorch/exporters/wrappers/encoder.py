@@ -10,6 +10,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ... import contract
+
 # The dimensions are dynamic from 1; the example inputs must be larger than 1 in each, or torch.export
 # specializes that dimension to the example's size.
 EXAMPLE_BATCH, EXAMPLE_SEQ_LEN = 2, 8
@@ -82,7 +84,7 @@ class EncoderExportableModule(torch.nn.Module):
     def metadata(self, generation_config=None) -> Dict[str, Any]:
         config = self.model.config
         return {
-            "get_max_seq_len": self.max_seq_len,
-            "get_max_batch_size": self.max_batch_size,
-            "get_vocab_size": int(config.vocab_size),
+            contract.MAX_SEQ_LEN: self.max_seq_len,
+            contract.MAX_BATCH_SIZE: self.max_batch_size,
+            contract.VOCAB_SIZE: int(config.vocab_size),
         }

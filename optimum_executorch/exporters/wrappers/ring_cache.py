@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 from transformers.cache_utils import StaticLayer
 
+from ... import contract
 from .causal_lm import CausalLMExportableModule, causal_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -101,6 +102,6 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
         # ExecuTorch's runner feeds at most get_max_seq_len tokens a call, get_max_context_len in all.
         metadata = super().metadata(generation_config)
         if self.ring_size:
-            metadata["get_max_seq_len"] = self.max_chunk_len
-        metadata["get_sliding_window"] = int(self.sliding_window or 0)
+            metadata[contract.MAX_SEQ_LEN] = self.max_chunk_len
+        metadata[contract.SLIDING_WINDOW] = int(self.sliding_window or 0)
         return metadata

@@ -14,6 +14,7 @@ import torch
 from transformers import EncoderDecoderCache, StaticCache
 from transformers.cache_utils import DynamicCache, StaticLayer
 
+from ... import contract
 from .causal_lm import register_cache_buffers, restart_cache_at
 
 # Dynamic dimensions start at 1; examples larger than 1 keep torch.export from specializing them.
@@ -122,9 +123,9 @@ class Seq2SeqExportableModule(torch.nn.Module):
         start = getattr(generation_config, "decoder_start_token_id", None) if generation_config is not None else None
         start = config.decoder_start_token_id if start is None else start
         return {
-            "get_max_seq_len": self.max_seq_len,
-            "get_vocab_size": int(config.vocab_size),
-            "get_eos_ids": [int(i) for i in ([eos] if isinstance(eos, int) else list(eos or []))],
-            "get_decoder_start_token_id": int(start),
-            "get_d_model": int(config.d_model),
+            contract.MAX_SEQ_LEN: self.max_seq_len,
+            contract.VOCAB_SIZE: int(config.vocab_size),
+            contract.EOS_IDS: [int(i) for i in ([eos] if isinstance(eos, int) else list(eos or []))],
+            contract.DECODER_START_TOKEN_ID: int(start),
+            contract.D_MODEL: int(config.d_model),
         }

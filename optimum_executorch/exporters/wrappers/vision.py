@@ -8,6 +8,8 @@ from typing import Any, Dict, Sequence, Tuple
 
 import torch
 
+from ... import contract
+
 # The batch is dynamic from 1; the example must be larger than 1, or torch.export specializes it.
 EXAMPLE_BATCH = 2
 
@@ -62,9 +64,9 @@ class ImageClassifierExportableModule(torch.nn.Module):
 
     def metadata(self, generation_config=None) -> Dict[str, Any]:
         return {
-            "get_max_batch_size": self.max_batch_size,
-            "get_num_channels": self.num_channels,
-            "get_image_height": self.image_size[0],
-            "get_image_width": self.image_size[1],
-            "get_num_labels": int(self.model.config.num_labels),
+            contract.MAX_BATCH_SIZE: self.max_batch_size,
+            contract.NUM_CHANNELS: self.num_channels,
+            contract.IMAGE_HEIGHT: self.image_size[0],
+            contract.IMAGE_WIDTH: self.image_size[1],
+            contract.NUM_LABELS: int(self.model.config.num_labels),
         }
