@@ -20,6 +20,17 @@ FAMILIES = {
     # Measured 1.3e-4 with XNNPACK and 5e-7 with the portable kernels on the same program: the
     # difference is XNNPACK's arithmetic (gemma's tanh-GELU and scaled embeddings), not the export.
     "gemma": ({"hidden_activation": "gelu_pytorch_tanh"}, 5e-4),
+    "olmo2": ({}, 1e-4),
+    # Every multiplier away from 1, so that each one is exercised.
+    "granite": ({"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1,
+                 "logits_scaling": 4.0}, 1e-4),
+    # One NoPE layer (no rotary positions) and one rotary layer.
+    "smollm3": ({"no_rope_layers": [1, 0]}, 1e-4),
+    "glm": ({}, 1e-4),
+    # 2.1e-4 with XNNPACK, within 1e-5 with the portable kernels: XNNPACK's tanh-GELU, as for gemma.
+    "starcoder2": ({}, 5e-4),
+    # A sliding layer with a window shorter than the generated sequence, and a full layer.
+    "cohere2": ({"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]}, 1e-4),
 }
 
 

@@ -6,7 +6,10 @@ from .base import ExportConfig
 
 # Each of these is tested against the eager model (tests/test_families.py); add a family here together
 # with its test.
-@register_export_config("llama", "qwen2", "qwen3", "mistral", "phi3", "olmo", "gemma")
+@register_export_config(
+    "llama", "qwen2", "qwen3", "mistral", "phi3", "olmo", "gemma",
+    "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2",
+)  # fmt: skip
 class DecoderLMExportConfig(ExportConfig):
     """Llama-like decoders: rotary positions, full (or window-masked) attention, one cache per layer."""
 
