@@ -60,6 +60,15 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Allow modeling code shipped with the checkpoint to run. Review that code first.",
     )
     optional.add_argument("--cache_dir", default=None, help="Hugging Face cache directory.")
+    _add_quantization_options(optional)
+    _add_program_options(optional)
+    optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
+    optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
+    _reject_unknown_options(parser)
+
+
+def _add_quantization_options(optional) -> None:
+    """--qlinear*, --qembedding*, --calibration_data: what torchao quantizes, and how."""
     optional.add_argument("--qlinear", default=None, help="Quantize linear layers: 8da4w or 8da8w (torchao).")
     optional.add_argument(
         "--qlinear_group_size",
@@ -92,6 +101,10 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
     optional.add_argument(
         "--qembedding_group_size", type=int, default=0, help="Group size of quantized embedding weights (0: per row)."
     )
+
+
+def _add_program_options(optional) -> None:
+    """Attention, cache, weights file, dry run and extensions: the shape of the program itself."""
     optional.add_argument(
         "--no_custom_sdpa",
         dest="custom_sdpa",
@@ -137,9 +150,6 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         metavar="FILE.py",
         help="Python files defining ModelExtension classes for architectures outside this package.",
     )
-    optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
-    optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
-    _reject_unknown_options(parser)
 
 
 class ExecuTorchExportCommand(BaseOptimumCLICommand):

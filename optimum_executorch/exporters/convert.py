@@ -32,13 +32,7 @@ from .loading import (
     sentencepiece_model_file,
 )
 from .options import ExportOptions
-from .output_dir import (
-    check_output_dir,
-    check_writable,
-    refuse_output_over_inputs,
-    remove_stale_partials,
-    write_output,
-)
+from .output_dir import prepare_output_dir, write_output
 from .plan import ExportPlan, make_plan
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
@@ -109,31 +103,16 @@ def main_export(
 ) -> Union[Path, "ExportPlan"]:
     """Exports a Hugging Face model to an ExecuTorch program directory.
 
-    Args:
-        model: a local checkpoint directory or a Hugging Face Hub model id.
-        output_dir: the directory to write (`model.pte`, `config.json`, `generation_config.json`,
-            tokenizer files, `executorch_config.json`). Must not exist or be empty unless `overwrite=True`.
-        task: the task to export for (`text-generation`); inferred from the model type when `None`.
-        **kwargs: any other field of `ExportOptions` (`recipe`, `max_seq_len`, `dtype`, `gguf_file`,
-            `revision`, `trust_remote_code`, `overwrite`, ...). Unknown names raise `TypeError`.
+    Args: `model`, a checkpoint directory or Hub id; `output_dir`, the directory to write (new or empty unless
+    `overwrite=True`); `task`, inferred from the model when `None`; `**kwargs`, any other `ExportOptions` field
+    (`recipe`, `max_seq_len`, `dtype`, `gguf_file`, `qlinear`, ...; unknown names raise `TypeError`).
 
-    Returns:
-        The output directory; with `dry_run=True`, the `ExportPlan` (nothing loaded, nothing written).
-
-    Example:
-        ```python
-        from optimum.executorch import main_export
-        main_export("path/to/SmolLM2-135M", "out/", task="text-generation", recipe="xnnpack", max_seq_len=256)
-        ```
+    Returns the output directory; with `dry_run=True`, the `ExportPlan` (nothing loaded, nothing written).
+    Example: `main_export("path/to/SmolLM2-135M", "out/", task="text-generation", max_seq_len=256)`.
     """
-    if output_dir is None or not str(output_dir).strip():
-        raise ValueError("No output directory given: pass --output_dir (a new or empty directory).")
-    options = ExportOptions.from_kwargs(model=str(model), output_dir=str(output_dir), task=task, **kwargs)
-    output_dir = Path(output_dir)
-    refuse_output_over_inputs(options, output_dir)
-    remove_stale_partials(output_dir)
-    check_output_dir(output_dir, options.overwrite)
-    check_writable(output_dir)
+    output_dir = None if output_dir is None else str(output_dir)
+    options = ExportOptions.from_kwargs(model=str(model), output_dir=output_dir, task=task, **kwargs)
+    output_dir = prepare_output_dir(options)
     start = time.perf_counter()
 
     with gguf_parsed_once():  # a GGUF checkpoint is read for the plan, the model and the tokenizer

@@ -23,7 +23,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from .quantization import write_quantized_values
+from .quantized_tensors import write_quantized_values
 
 logger = logging.getLogger(__name__)
 

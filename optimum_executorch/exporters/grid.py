@@ -26,7 +26,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .quantization import write_quantized_values
+from .quantized_tensors import write_quantized_values
 
 # GGUF's 4-bit and 8-bit blocks (Q4_0, Q4_1, Q8_0) hold 32 weights.
 GGUF_GROUP_SIZE = 32

@@ -63,6 +63,18 @@ def refuse_output_over_inputs(options, output_dir: Path) -> None:
         )
 
 
+def prepare_output_dir(options) -> Path:
+    """Every check of `options.output_dir` that can be made before any work, and the cleanup of a killed export."""
+    if options.output_dir is None or not str(options.output_dir).strip():
+        raise ValueError("No output directory given: pass --output_dir (a new or empty directory).")
+    output_dir = Path(options.output_dir)
+    refuse_output_over_inputs(options, output_dir)
+    remove_stale_partials(output_dir)
+    check_output_dir(output_dir, options.overwrite)
+    check_writable(output_dir)
+    return output_dir
+
+
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise FileExistsError(f"Output path '{output_dir}' exists and is not a directory. Choose another --output_dir.")

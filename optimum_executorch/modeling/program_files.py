@@ -55,25 +55,33 @@ class CorruptProgramError(ValueError):
     """A program or weights file that is not what its export wrote."""
 
 
+def _read_head(path: Path, identifier: "re.Pattern", what: str, fix: str):
+    """The file's size and first 64 bytes, once its flatbuffer file identifier (bytes 4..8) is the expected one."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if size < 16 or not identifier.fullmatch(head[4:8]):
+        raise CorruptProgramError(
+            f"'{path}' is not {what} (no '{identifier.pattern[:2].decode()}' file identifier at byte 4; {size:,} bytes). {fix}"
+        )
+    return size, head
+
+
 def _check_extents(path: Path, size: int, ends: Dict[str, int]) -> None:
-    for what, end in ends.items():
+    for part, end in ends.items():
         if end > size:
             raise CorruptProgramError(
-                f"'{path}' is truncated: its header places the {what} up to byte {end:,}, but the file has "
+                f"'{path}' is truncated: its header places the {part} up to byte {end:,}, but the file has "
                 f"{size:,} bytes. Copy or download it again, or export again."
             )
 
 
 def check_program_file(path: Path) -> None:
     """Refuses a `.pte` that is not an ExecuTorch program or is shorter than its header says."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(64)
-    if size < 16 or not _PROGRAM_IDENTIFIER.fullmatch(head[4:8]):
-        raise CorruptProgramError(
-            f"'{path}' is not an ExecuTorch program (no 'ET' file identifier at byte 4; {size:,} bytes). "
-            "Pass the model.pte written by `optimum-cli export executorch`, or export again."
-        )
+    size, head = _read_head(
+        path, _PROGRAM_IDENTIFIER, "an ExecuTorch program",
+        "Pass the model.pte written by `optimum-cli export executorch`, or export again.",
+    )  # fmt: skip
     if head[8:12] == _PROGRAM_HEADER and len(head) >= 32:
         length, program_size, segment_base = struct.unpack_from("<IQQ", head, 12)
         segment_size = struct.unpack_from("<Q", head, 32)[0] if length >= 32 and len(head) >= 40 else 0
@@ -85,14 +93,9 @@ def check_program_file(path: Path) -> None:
 
 def check_data_file(path: Path) -> None:
     """Refuses a `.ptd` that is not ExecuTorch named data or is shorter than its header says."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(64)
-    if size < 16 or not _DATA_IDENTIFIER.fullmatch(head[4:8]):
-        raise CorruptProgramError(
-            f"'{path}' is not an ExecuTorch weights file (no 'FT' file identifier at byte 4; {size:,} bytes). "
-            "Pass the model.ptd written with the program, or export again."
-        )
+    size, head = _read_head(
+        path, _DATA_IDENTIFIER, "an ExecuTorch weights file", "Pass the model.ptd written with the program, or export again."
+    )
     if head[8:12] == _DATA_HEADER and len(head) >= 48:
         _, flatbuffer_offset, flatbuffer_size, segment_base, segment_size = struct.unpack_from("<IQQQQ", head, 12)
         _check_extents(path, size, {"index": flatbuffer_offset + flatbuffer_size, "weights": segment_base + segment_size})
