@@ -288,6 +288,9 @@ def test_config_and_option_mistakes_are_refused(tiny_llama_dir, tmp_path):
     (source / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=0)))
     with pytest.raises(ValueError, match="max_position_embeddings=0"):
         main_export(source, tmp_path / "out", dry_run=True)
+    (source / "config.json").write_text(json.dumps(dict(config, vocab_size=config["vocab_size"] * 2)))
+    with pytest.raises(ValueError, match="do not have the shapes its config.json gives"):
+        main_export(source, tmp_path / "out", max_seq_len=16)
     with pytest.raises(ValueError, match="--qlinear_group_size sets the group size of --qlinear"):
         main_export(tiny_llama_dir, tmp_path / "out", qlinear_group_size=64)
     with pytest.raises(ValueError, match="--qembedding_group_size sets the group size of --qembedding"):
@@ -327,3 +330,27 @@ def test_cli_names_a_missing_kernel_library_tokenizer_or_wrong_file(tiny_llama_e
     result = run_cli("executorch", "inspect", "-m", str(tmp_path / "notes.txt"))
     assert result.returncode == 2 and "is a file but not an ExecuTorch program" in result.stderr
     assert "Failed to load" not in result.stderr  # torchao's import notes do not bury the error
+
+
+def test_memory_stays_flat_over_many_calls_and_reloads(tiny_llama_export):
+    import gc
+
+    import psutil
+
+    process = psutil.Process()
+    model = ExecuTorchModelForCausalLM.from_pretrained(tiny_llama_export)
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    for _ in range(20):  # warm-up: allocator pools and caches settle
+        model.generate(prompt, max_new_tokens=4, do_sample=False)
+    before = process.memory_info().rss
+    for _ in range(300):
+        model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert process.memory_info().rss - before < 16e6  # measured flat
+    del model
+    gc.collect()
+    before = process.memory_info().rss
+    for _ in range(30):
+        model = ExecuTorchModelForCausalLM.from_pretrained(tiny_llama_export)
+        del model
+        gc.collect()
+    assert process.memory_info().rss - before < 48e6  # measured ~14 MB for 30 reloads

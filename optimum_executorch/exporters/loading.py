@@ -156,6 +156,12 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
             source, dtype=dtype, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs
         )
     except Exception as err:
+        if isinstance(err, RuntimeError) and "ignore_mismatched_sizes" in str(err):
+            raise ValueError(
+                f"The weights of '{options.model}' do not have the shapes its config.json gives (vocab_size, hidden_size, "
+                "...; transformers printed the mismatched tensors above): the config was edited or belongs to another "
+                "checkpoint. Make config.json match the weights."
+            ) from err
         if not _is_unreadable_weights(err):
             raise
         raise OSError(
