@@ -5,7 +5,7 @@ import json
 import shutil
 
 import pytest
-from transformers import GPT2Config
+from transformers import GPTJConfig
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.recipes.base import Recipe
@@ -36,9 +36,9 @@ def test_bad_option_is_rejected_before_writing(tiny_llama_dir, tmp_path, kwargs,
 
 
 def test_unsupported_model_type_lists_supported(tmp_path):
-    GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported.*Supported model types: .*bert.*llama"):
-        main_export(tmp_path / "gpt2", tmp_path / "out")
+    GPTJConfig(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "gptj")
+    with pytest.raises(ValueError, match=r"model_type 'gptj' is not supported.*Supported model types: .*bert.*llama"):
+        main_export(tmp_path / "gptj", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

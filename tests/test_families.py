@@ -31,6 +31,12 @@ FAMILIES = {
     "starcoder2": ({}, 5e-4),
     # A sliding layer with a window shorter than the generated sequence, and a full layer.
     "cohere2": ({"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]}, 1e-4),
+    # Partial rotary (half of each head), attention output through `dense`.
+    "phi": ({}, 1e-4),
+    # Learned positions, Conv1D projections, one key/value head per query head.
+    "gpt2": ({}, 1e-4),
+    # Parallel residual, `head_size` instead of `head_dim`.
+    "gpt_neox": ({"use_parallel_residual": True}, 1e-4),
 }
 
 

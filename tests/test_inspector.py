@@ -38,15 +38,15 @@ def test_report_lists_weights_and_modules(tiny_llama_dir):
 
 
 def test_unsupported_architecture_gets_a_clean_report_and_a_skeleton(tmp_path):
-    src = _save_config(AutoConfig.for_model("gpt2"), tmp_path / "gpt2")
+    src = _save_config(AutoConfig.for_model("gptj"), tmp_path / "gptj")
     report = inspect_checkpoint(src)
     assert not report["ok"] and report["export_config"] is None
     failed = [s for s in report["steps"] if not s["ok"]]
     assert failed[0]["step"] == "find export config" and "not supported" in failed[0]["error"]
-    assert 'model_types = ("gpt2",)' in report["skeleton"]
+    assert 'model_types = ("gptj",)' in report["skeleton"]
     result = run_cli("executorch", "inspect", "--model", src)
     assert result.returncode == 0, result.stderr
-    assert "not exportable as is" in result.stdout and "class Gpt2Extension(ModelExtension)" in result.stdout
+    assert "not exportable as is" in result.stdout and "class GptjExtension(ModelExtension)" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
 

@@ -68,8 +68,24 @@ def _register() -> None:
 
 
 def _attention_modules(model):
-    """The self-attention modules: those that transformers numbered with a `layer_idx` and own projections."""
-    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "head_dim") and hasattr(m, "o_proj")]
+    """The self-attention modules: those that transformers numbered with a `layer_idx`, with a `head_dim`, and either
+    an `o_proj` or a class named `...Attention` (phi's `dense`, gpt2's `c_proj`, gpt_neox's `dense`)."""
+    return [
+        m for m in model.modules()
+        if hasattr(m, "layer_idx") and _head_dim(m)
+        and (hasattr(m, "o_proj") or type(m).__name__.endswith("Attention"))
+    ]  # fmt: skip
+
+
+def _head_dim(module):
+    return getattr(module, "head_dim", None) or getattr(module, "head_size", None)  # gpt_neox: head_size
+
+
+def _kv_heads(module, text_config) -> int:
+    """Key/value heads of one attention module: grouped-query modules say how many query heads share one
+    (`num_key_value_groups`); the others (gpt2, gpt_neox) have one per query head."""
+    groups = getattr(module, "num_key_value_groups", None)
+    return text_config.num_attention_heads // groups if groups else text_config.num_attention_heads
 
 
 def install_custom_sdpa(model, max_seq_len: int, custom_kv_cache: bool = True) -> int:
@@ -79,11 +95,10 @@ def install_custom_sdpa(model, max_seq_len: int, custom_kv_cache: bool = True) -
     _load_custom_ops()
     _register()
     text_config = model.config.get_text_config()
-    num_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
     cache_dtype = model.dtype if model.dtype in (torch.float32, torch.bfloat16) else torch.float32
     modules = _attention_modules(model)
     for module in modules:
-        shape = (1, max_seq_len, num_kv_heads, module.head_dim)
+        shape = (1, max_seq_len, _kv_heads(module, text_config), _head_dim(module))
         module.register_buffer("et_key_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
         module.register_buffer("et_value_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
         module.et_custom_kv_cache = custom_kv_cache

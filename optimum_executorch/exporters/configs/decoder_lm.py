@@ -8,7 +8,7 @@ from .base import ExportConfig
 # with its test.
 @register_export_config(
     "llama", "qwen2", "qwen3", "mistral", "phi3", "olmo", "gemma",
-    "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2",
+    "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2", "phi", "gpt2", "gpt_neox",
 )  # fmt: skip
 class DecoderLMExportConfig(ExportConfig):
     """Llama-like decoders: rotary positions, full (or window-masked) attention, one cache per layer."""
