@@ -111,13 +111,13 @@ def main():
     assert count == program_count
 
     quantization = config.get("quantization") or {}
-    label = "+".join(filter(None, [quantization.get("linear"), quantization.get("embedding")])) or config["dtype"]
+    label = "+".join(filter(None, [quantization.get("qlinear"), quantization.get("qembedding")])) or config["dtype"]
     gptq_linears = (quantization.get("layers") or {}).get("linear_gptq")
     if gptq_linears:
-        label += f", gptq ({quantization['linear_method']}, {gptq_linears} linear(s)) on "
+        label += f", gptq ({quantization['qlinear_method']}, {gptq_linears} linear(s)) on "
         label += quantization.get("calibration_data") or "self-sampled text"
-    if quantization.get("linear_8bit_layers"):
-        label += f" ({'/'.join(quantization['linear_8bit_layers'])} at 8da8w)"
+    if quantization.get("qlinear_8bit_layers"):
+        label += f" ({'/'.join(quantization['qlinear_8bit_layers'])} at 8da8w)"
     report = {
         "tokens": count,
         "context": args.context,

@@ -46,7 +46,7 @@ def test_dry_run_says_where_values_came_from(tmp_path, no_weights):
 
     settings = _settings(main_export(tied, tmp_path / "b", dry_run=True, max_seq_len=64, qlinear="8da4w", custom_kv_cache=False))
     assert settings["max_seq_len"] == {"value": 64, "source": "user"}
-    assert settings["quantization"]["source"] == "user" and settings["quantization"]["value"]["linear"] == "8da4w"
+    assert settings["quantization"]["source"] == "user" and settings["quantization"]["value"]["qlinear"] == "8da4w"
     assert settings["external_weights"]["value"] is False  # quantized: each copy in its own format
     assert settings["custom_kv_cache"] == {"value": False, "source": "user"}
 

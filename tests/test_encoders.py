@@ -172,7 +172,7 @@ def test_quantized_encoder_agrees_with_fp32(tmp_path_factory):
     mask = inputs["attention_mask"].bool()
     agreement = float((actual.argmax(-1) == expected.argmax(-1))[mask].float().mean())
     assert agreement >= 0.9, f"top-1 agreement {agreement:.2f} below 0.9"
-    assert json.loads((et_model.model_save_dir / "executorch_config.json").read_text())["quantization"]["linear"] == "8da8w"
+    assert json.loads((et_model.model_save_dir / "executorch_config.json").read_text())["quantization"]["qlinear"] == "8da8w"
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])

@@ -9,6 +9,7 @@ import torch
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.gptq import gptq_quantize, search_scales
 from optimum_executorch.exporters.quantization import QuantizationSpec
+from optimum_executorch.exporters.quantizer import quantize
 from optimum_executorch.testing import assert_generation_matches_eager, load_eager
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123, 301, 44]])
@@ -52,13 +53,13 @@ def test_gptq_lowers_the_layer_output_error_against_round_to_nearest(bits, group
 def _reference(src, options, tokenizer=None):
     eager_q = load_eager(src)
     eight_bit = tuple(options.get("qlinear_8bit_layers") or ())
-    QuantizationSpec(
-        linear=options["qlinear"],
-        embedding=options.get("qembedding"),
-        linear_8bit_layers=eight_bit or None,
-        linear_method="gptq",
+    quantize(eager_q, QuantizationSpec(
+        qlinear=options["qlinear"],
+        qembedding=options.get("qembedding"),
+        qlinear_8bit_layers=eight_bit or None,
+        qlinear_method="gptq",
         calibration_data=options.get("calibration_data"),
-    ).apply(eager_q, tokenizer)
+    ), tokenizer)
     for name, module in eager_q.named_modules():
         # XNNPACK keeps bfloat16 scales for 4-bit groups (see test_quantization.py).
         if options["qlinear"] == "8da4w" and isinstance(module, torch.nn.Linear) and not name.endswith(eight_bit):
@@ -87,11 +88,11 @@ def test_gptq_export_matches_eager_quantized_the_same_way(tiny_llama_dir, tmp_pa
         options = dict(options, calibration_data=str(tmp_path / "calibration.txt"))
     out = main_export(tiny_llama_dir, tmp_path / "et", max_seq_len=48, qlinear_method="gptq", **options)
     recorded = json.loads((out / "executorch_config.json").read_text())["quantization"]
-    assert recorded["linear_method"] == "gptq" and recorded["calibration_data"] == options.get("calibration_data")
+    assert recorded["qlinear_method"] == "gptq" and recorded["calibration_data"] == options.get("calibration_data")
     eager_q = _reference(tiny_llama_dir, options, AutoTokenizer.from_pretrained(tiny_llama_dir))
     # GPTQ changed the values: the program differs from round-to-nearest on the same layers.
     rtn = load_eager(tiny_llama_dir)
-    QuantizationSpec(linear="8da4w").apply(rtn)
+    quantize(rtn, QuantizationSpec(qlinear="8da4w"))
     assert not torch.equal(rtn.model.layers[0].self_attn.q_proj.weight.qdata, eager_q.model.layers[0].self_attn.q_proj.weight.qdata)
     assert_generation_matches_eager(eager_q, ExecuTorchModelForCausalLM.from_pretrained(out), PROMPT, max_new_tokens=12)
 

@@ -13,6 +13,7 @@ from optimum.executorch import main_export
 from optimum_executorch.exporters import grid
 from optimum_executorch.exporters.grid import GroupOffsetLinear, find_grid
 from optimum_executorch.exporters.quantization import QuantizationSpec
+from optimum_executorch.exporters.quantizer import quantize
 from optimum_executorch.testing import assert_generation_matches_eager, load_eager, save_tiny_model
 
 from .test_quantization import PROMPT, _export_and_reference
@@ -96,7 +97,7 @@ def test_grid_program_matches_eager_and_keeps_the_grid(grid_llama_dir, tmp_path,
 
 def test_linears_reading_the_same_input_average_it_once(grid_llama_dir):
     model = load_eager(grid_llama_dir)
-    QuantizationSpec(linear="8da4w").apply(model)
+    quantize(model, QuantizationSpec(qlinear="8da4w"))
     ids = torch.randint(3, 512, (1, 5), generator=torch.Generator().manual_seed(0))
     program = torch.export.export(model, (ids,), {"use_cache": False}, strict=False)
     means = [n for n in program.graph.nodes if n.target == torch.ops.aten.mean.dim and list(n.args[1]) == [2, 3]]
@@ -136,7 +137,7 @@ def test_keeping_the_grid_is_closer_to_the_float_model_than_rounding_again(grid_
     with torch.no_grad():
         reference = float_model(ids).logits
     kept = load_eager(grid_llama_dir)
-    summary = QuantizationSpec(linear="8da4w", linear_method=method).apply(kept)
+    summary = quantize(kept, QuantizationSpec(qlinear="8da4w", qlinear_method=method))
     assert summary["linear_on_grid"] == 14
     for name, module in float_model.model.layers.named_modules():
         if isinstance(module, torch.nn.Linear):
@@ -147,7 +148,7 @@ def test_keeping_the_grid_is_closer_to_the_float_model_than_rounding_again(grid_
             assert float((rebuilt - module.weight).abs().max()) <= 1e-5 * float(module.weight.abs().max()), name
     rounded = load_eager(grid_llama_dir)
     monkeypatch.setattr(grid, "find_grids", lambda *args: {})
-    QuantizationSpec(linear="8da4w", linear_method=method).apply(rounded)
+    quantize(rounded, QuantizationSpec(qlinear="8da4w", qlinear_method=method))
     # What is left with the grid kept is the int8 activation rounding and the LM head's 4 bits.
     kept_error, rounded_error = _logit_error(kept, reference, ids), _logit_error(rounded, reference, ids)
     assert kept_error < 0.5 * rounded_error, f"grid kept {kept_error:.3e}, rounded again {rounded_error:.3e}"
@@ -170,7 +171,7 @@ def test_a_linear_stored_at_8_bits_is_named_with_the_option_that_keeps_it(grid_l
         with torch.no_grad():
             model.lm_head.weight.copy_(q8_0(model.lm_head.weight.shape))
         caplog.clear()
-        QuantizationSpec(linear="8da4w", linear_8bit_layers=eight_bit).apply(model)
+        quantize(model, QuantizationSpec(qlinear="8da4w", qlinear_8bit_layers=eight_bit))
         hints = [r.getMessage() for r in caplog.records if "stored at 8 bits" in r.getMessage()]
         if eight_bit:
             assert not hints
@@ -188,7 +189,7 @@ def test_grid_kept_in_float16_and_named_when_the_group_size_cannot_keep_it(caplo
             model[0].weight.copy_(weight)
         model.to(dtype)
         caplog.clear()
-        summary = QuantizationSpec(linear="8da4w", linear_group_size=group_size).apply(model)
+        summary = quantize(model, QuantizationSpec(qlinear="8da4w", qlinear_group_size=group_size))
         with torch.no_grad():
             out = model(x.to(dtype)).float()
         # The int8 activation rounding is what is left (and float16's own rounding).
@@ -207,14 +208,14 @@ def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_d
 
     def head_after(directory, **options):
         model = load_eager(directory)
-        summary = QuantizationSpec(linear="8da4w", **options).apply(model)
+        summary = quantize(model, QuantizationSpec(qlinear="8da4w", **options))
         return summary.get("linear_gptq"), model.lm_head.weight.qdata
 
     # Grid model: the float LM head gets GPTQ, on the shorter calibration; the same as asking for GPTQ with it.
     layers, auto_head = head_after(grid_llama_dir)
-    _, rtn_head = head_after(grid_llama_dir, linear_method="rtn")
+    _, rtn_head = head_after(grid_llama_dir, qlinear_method="rtn")
     monkeypatch.setattr(gptq, "CALIBRATION_LENGTH", AUTO_CALIBRATION_LENGTH)
-    _, gptq_head = head_after(grid_llama_dir, linear_method="gptq")
+    _, gptq_head = head_after(grid_llama_dir, qlinear_method="gptq")
     assert layers == 1 and torch.equal(auto_head, gptq_head) and not torch.equal(auto_head, rtn_head)
     # A model that cannot sample its calibration text is rounded to nearest, with a warning.
     monkeypatch.setattr(gptq, "sample_with_statistics", lambda *args: (_ for _ in ()).throw(RuntimeError("no generate")))
@@ -222,7 +223,7 @@ def test_auto_rounds_with_gptq_only_the_few_4bit_linears_off_a_grid(grid_llama_d
     assert layers is None and torch.equal(failed_head, rtn_head)
     assert any("calibration failed (RuntimeError: no generate)" in r.getMessage() for r in caplog.records)
     # Round to nearest where no grid is kept, and for a head kept at 8 bits.
-    for directory, options in ((tiny_llama_dir, {}), (grid_llama_dir, {"linear_8bit_layers": ("lm_head",)})):
+    for directory, options in ((tiny_llama_dir, {}), (grid_llama_dir, {"qlinear_8bit_layers": ("lm_head",)})):
         layers, auto_head = head_after(directory, **options)
-        _, rtn_head = head_after(directory, linear_method="rtn", **options)
+        _, rtn_head = head_after(directory, qlinear_method="rtn", **options)
         assert layers is None and torch.equal(auto_head, rtn_head)

@@ -13,6 +13,7 @@ import torch
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.quantization import QuantizationSpec
+from optimum_executorch.exporters.quantizer import quantize
 from optimum_executorch.testing import assert_generation_matches_eager, load_eager
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123, 301, 44]])
@@ -21,13 +22,7 @@ PROMPT = torch.tensor([[5, 17, 42, 99, 7, 123, 301, 44]])
 def _export_and_reference(src, out, **options):
     out = main_export(src, out, max_seq_len=48, **options)
     eager_q = load_eager(src)
-    QuantizationSpec(
-        linear=options.get("qlinear"),
-        linear_group_size=options.get("qlinear_group_size"),
-        embedding=options.get("qembedding"),
-        embedding_group_size=options.get("qembedding_group_size", 0),
-        linear_8bit_layers=options.get("qlinear_8bit_layers"),
-    ).apply(eager_q)
+    quantize(eager_q, QuantizationSpec.of_options(options))
     if options.get("qlinear") == "8da4w":
         eight_bit = tuple(options.get("qlinear_8bit_layers") or ())
         for name, module in eager_q.named_modules():
@@ -46,13 +41,16 @@ def _export_and_reference(src, out, **options):
         ({"qembedding": "4w", "qembedding_group_size": 32}, {"embedding_group32": 1}),
         # 128 divides only down_proj's 128 inputs: the other linears (64 inputs) fall back to per-channel.
         ({"qlinear": "8da4w", "qlinear_group_size": 128}, {"linear_group128": 2, "linear_per_channel": 13}),
+        # The portable recipe runs quantized embeddings in ExecuTorch's quantized kernels.
+        ({"recipe": "portable", "qembedding": "8w"}, {"embedding_per_channel": 1}),
         # Mixed: the MLP down projections and the LM head at 8 bits, the rest at 4.
         (
             {"qlinear": "8da4w", "qlinear_8bit_layers": ["down_proj", "lm_head"], "qembedding": "8w"},
             {"embedding_per_channel": 1, "linear_8bit_per_channel": 3, "linear_group32": 12},
         ),
     ],
-    ids=["8da8w+8w", "8da4w-g32+8w", "4w-embedding-g32", "8da4w-g128-fallback", "8da4w-mixed-8bit-layers"],
+    ids=["8da8w+8w", "8da4w-g32+8w", "4w-embedding-g32", "8da4w-g128-fallback", "portable-8w-embedding",
+         "8da4w-mixed-8bit-layers"],
 )
 def test_quantized_export_matches_quantized_eager(tiny_llama_dir, tmp_path, options, layers):
     model, eager_q, config = _export_and_reference(tiny_llama_dir, tmp_path / "et", **options)
@@ -103,6 +101,9 @@ def test_4bit_embedding_with_8da4w_linears_differs_only_by_activation_rounding_t
         ({"qlinear": "8da8w", "qlinear_8bit_layers": ["down_proj"]}, "needs --qlinear 8da4w"),
         ({"qlinear_8bit_layers": ["down_proj"]}, "needs --qlinear 8da4w"),
         ({"qlinear": "8da4w", "qlinear_8bit_layers": [""]}, "needs layer names"),
+        # XNNPACK's limits are XNNPACK's: the portable recipe refuses quantized linears for its own reason.
+        ({"recipe": "portable", "qlinear": "8da4w"}, "'portable' recipe has no kernels for quantized linears"),
+        ({"recipe": "portable", "qlinear": "8da8w", "qlinear_group_size": 32}, "no kernels for quantized linears"),
     ],
 )
 def test_invalid_quantization_spec_is_rejected_before_any_work(tiny_llama_dir, tmp_path, kwargs, message):

@@ -119,10 +119,11 @@ def test_dry_run_plans_both_methods(tmp_path):
 
 def _quantized(src, out, **options):
     from optimum_executorch.exporters.quantization import QuantizationSpec
+    from optimum_executorch.exporters.quantizer import quantize
 
     out = main_export(src, out, max_seq_len=MAX_SEQ_LEN, **options)
     eager_q = load_eager(src)
-    QuantizationSpec(linear=options.get("qlinear"), embedding=options.get("qembedding")).apply(eager_q)
+    quantize(eager_q, QuantizationSpec(qlinear=options.get("qlinear"), qembedding=options.get("qembedding")))
     layers = json.loads((out / "executorch_config.json").read_text())["quantization"]["layers"]
     return ExecuTorchModelForSeq2SeqLM.from_pretrained(out), eager_q, layers
 

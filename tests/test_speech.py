@@ -163,11 +163,12 @@ def test_dry_run_plans_static_encoder(tmp_path):
 def test_quantized_export_matches_eager_quantized_the_same_way(tmp_path):
     """`--qlinear` applies to speech models through the same options: 8da8w linears, as eager quantized alike."""
     from optimum_executorch.exporters.quantization import QuantizationSpec
+    from optimum_executorch.exporters.quantizer import quantize
 
     src = save_tiny_whisper(tmp_path / "model", encoder_layers=1, decoder_layers=1)  # one layer each: lowering time
     out = main_export(src, tmp_path / "et", qlinear="8da8w")
     eager_q = WhisperForConditionalGeneration.from_pretrained(src, attn_implementation="sdpa").eval()
-    QuantizationSpec(linear="8da8w").apply(eager_q)
+    quantize(eager_q, QuantizationSpec(qlinear="8da8w"))
     layers = json.loads((out / "executorch_config.json").read_text())["quantization"]["layers"]
     # Encoder layer: q, k, v, out, fc1, fc2; decoder layer: those plus cross-attention q, k, v, out; proj_out.
     assert layers == {"linear_per_channel": 6 + 10 + 1}

@@ -100,11 +100,12 @@ def test_sequence_options_and_other_tasks_are_refused(tmp_path):
 def test_quantized_vit_matches_eager_quantized_the_same_way(tmp_path):
     """`--qlinear` applies to image models through the same options: 8da8w linears, as eager quantized alike."""
     from optimum_executorch.exporters.quantization import QuantizationSpec
+    from optimum_executorch.exporters.quantizer import quantize
 
     src = save_tiny_image_classifier("vit", tmp_path / "model")
     out = main_export(src, tmp_path / "et", qlinear="8da8w")
     eager_q = AutoModelForImageClassification.from_pretrained(src).eval()
-    QuantizationSpec(linear="8da8w").apply(eager_q)
+    quantize(eager_q, QuantizationSpec(qlinear="8da8w"))
     layers = json.loads((out / "executorch_config.json").read_text())["quantization"]["layers"]
     assert layers == {"linear_per_channel": 2 * 6 + 1}  # q, k, v, attention output, intermediate, output; classifier
     pixel_values = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))

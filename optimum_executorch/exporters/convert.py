@@ -34,6 +34,7 @@ from .loading import (
 from .options import ExportOptions
 from .output_dir import prepare_output_dir, write_output
 from .plan import ExportPlan, make_plan
+from .quantizer import quantize
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
 
@@ -122,7 +123,7 @@ def main_export(
         with stage("load"):
             eager, preprocessors = load_stage(plan)
     with stage("quantize"):
-        quantized_layers = plan.quantization.apply(eager, preprocessors.get("tokenizer")) if plan.quantization.enabled else {}
+        quantized_layers = quantize(eager, plan.quantization, preprocessors.get("tokenizer")) if plan.quantization.enabled else {}
     with stage("export"):
         wrapper, programs, constant_methods = export_stage(plan, eager)
     with stage("lower"):

@@ -171,24 +171,26 @@ def inspect_checkpoint(
         )
     report["modules"] = module_classes(tiny) if tiny is not None else {}
     if tiny is not None and export_config is not None:
-        from .convert import export_programs
-
-        def export():
-            limit = export_config.resolve_max_seq_len(None)  # None: the inputs are not sequences
-            max_seq_len = None if limit is None else min(64, limit)
-            with export_config.patch_model(tiny):
-                kwargs = dict(export_config.wrapper_kwargs())
-                if max_seq_len and export_config.supports_custom_sdpa(max_seq_len) and get_recipe("xnnpack").custom_sdpa_default:
-                    kwargs["custom_sdpa"] = True  # as the default xnnpack export does
-                wrapper = export_config.wrapper_class()(tiny, max_seq_len=max_seq_len, **kwargs)
-                return list(export_programs(wrapper))
-
-        report["methods"] = step("torch.export (tiny model)", export)
+        report["methods"] = step("torch.export (tiny model)", lambda: _export_tiny(export_config, tiny))
     failed = not all(s["ok"] for s in steps) or len(steps) < 4 or report["export_config"] is None
     report["ok"] = not failed
     if failed:
         report["skeleton"] = extension_skeleton(model_type, report["modules"], task_name)
     return report
+
+
+def _export_tiny(export_config, tiny) -> list:
+    """Exports the tiny model as the default xnnpack export would; returns the method names."""
+    from .convert import export_programs
+
+    limit = export_config.resolve_max_seq_len(None)  # None: the inputs are not sequences
+    max_seq_len = None if limit is None else min(64, limit)
+    with export_config.patch_model(tiny):
+        kwargs = dict(export_config.wrapper_kwargs())
+        if max_seq_len and export_config.supports_custom_sdpa(max_seq_len) and get_recipe("xnnpack").custom_sdpa_default:
+            kwargs["custom_sdpa"] = True
+        wrapper = export_config.wrapper_class()(tiny, max_seq_len=max_seq_len, **kwargs)
+        return list(export_programs(wrapper))
 
 
 def format_report(report: Dict[str, Any]) -> str:

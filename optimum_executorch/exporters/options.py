@@ -124,22 +124,14 @@ class ExportOptions:
         for size, scheme in (("qlinear_group_size", "qlinear"), ("qembedding_group_size", "qembedding")):
             if getattr(self, scheme) is None and getattr(self, size) not in (None, 0):
                 raise ValueError(f"--{size} sets the group size of --{scheme}, which is not given: pass --{scheme} too.")
-        self.quantization_spec()  # raises on an invalid scheme or group size
+        recipe.check_quantization(self.quantization_spec())  # raises on an invalid scheme or group size
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < 2):
             raise ValueError(f"max_seq_len must be an integer >= 2, got {self.max_seq_len!r}.")
 
     def quantization_spec(self):
         from .quantization import QuantizationSpec
 
-        return QuantizationSpec(
-            linear=self.qlinear,
-            linear_group_size=self.qlinear_group_size,
-            embedding=self.qembedding,
-            embedding_group_size=self.qembedding_group_size,
-            linear_8bit_layers=None if self.qlinear_8bit_layers is None else tuple(self.qlinear_8bit_layers),
-            linear_method=self.qlinear_method,
-            calibration_data=self.calibration_data,
-        )
+        return QuantizationSpec.of_options(self)
 
     def to_dict(self) -> Dict[str, Any]:
         """The options as written into `executorch_config.json` (no secrets)."""

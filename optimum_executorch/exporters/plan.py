@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .configs import get_export_config
 from .extensions import find_extension, load_extension_modules
 from .loading import load_config
-from .quantization import checkpoint_quantization
+from .quantization import QuantizationSpec, checkpoint_quantization
 from .recipes import get_recipe
 from .tasks import get_task
 
@@ -123,9 +123,7 @@ def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tu
 
 
 # The plan setting an `ExportOptions` field feeds, where the names differ.
-_SETTING_OF_OPTION = {"qlinear": "quantization", "qlinear_group_size": "quantization", "qembedding": "quantization",
-                      "qembedding_group_size": "quantization", "qlinear_8bit_layers": "quantization",
-                      "qlinear_method": "quantization", "calibration_data": "quantization"}  # fmt: skip
+_SETTING_OF_OPTION = dict.fromkeys(QuantizationSpec.field_names(), "quantization")
 
 
 def _apply_extension_defaults(options, export_config) -> Dict[str, str]:
@@ -162,7 +160,7 @@ def make_plan(options) -> ExportPlan:
             f"'{options.model}' is already quantized with torchao ({', '.join(prequantized['configs'])}). Drop "
             "--qlinear / --qembedding to export it as it is, or quantize the unquantized checkpoint."
         )
-    if quantization.linear_method == "gptq" and not task_spec.llm_runner:
+    if quantization.qlinear_method == "gptq" and not task_spec.llm_runner:
         raise ValueError(
             f"qlinear_method gptq calibrates by running the model on text, which this exporter does for "
             f"text-generation only (this export is {task_spec.name}). Use --qlinear_method rtn."

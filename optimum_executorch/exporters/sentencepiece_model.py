@@ -24,6 +24,23 @@ def _is_sentencepiece_style(spec) -> bool:
     return spec.get("model", {}).get("type") == "BPE" and ("Metaspace" in text or '"▁"' in text)
 
 
+def _add_pieces(proto, sp_pb2, vocab, scores, unk, special) -> None:
+    """One piece per token, in id order, typed as SentencePiece reads them."""
+    kinds = sp_pb2.ModelProto.SentencePiece
+    for token, _ in sorted(vocab.items(), key=lambda item: item[1]):
+        piece = proto.pieces.add()
+        piece.piece = token
+        piece.score = scores.get(token, 0.0)
+        if token == unk:
+            piece.type = kinds.UNKNOWN
+        elif token in special:
+            piece.type = kinds.CONTROL
+        elif _BYTE_PIECE.match(token):
+            piece.type = kinds.BYTE
+        else:
+            piece.type = kinds.NORMAL
+
+
 def write_sentencepiece_model(hf_tokenizer, path: Path) -> Optional[Path]:
     """Writes `path` (a SentencePiece BPE model) equivalent to `hf_tokenizer`, or returns None (with the
     reason in the log) when its tokenizer.json is not a SentencePiece-style BPE."""
@@ -59,18 +76,7 @@ def write_sentencepiece_model(hf_tokenizer, path: Path) -> Optional[Path]:
         return None
 
     proto = sp_pb2.ModelProto()
-    for token, _ in sorted(vocab.items(), key=lambda item: item[1]):
-        piece = proto.pieces.add()
-        piece.piece = token
-        piece.score = scores.get(token, 0.0)
-        if token == unk:
-            piece.type = sp_pb2.ModelProto.SentencePiece.UNKNOWN
-        elif token in special:
-            piece.type = sp_pb2.ModelProto.SentencePiece.CONTROL
-        elif _BYTE_PIECE.match(token):
-            piece.type = sp_pb2.ModelProto.SentencePiece.BYTE
-        else:
-            piece.type = sp_pb2.ModelProto.SentencePiece.NORMAL
+    _add_pieces(proto, sp_pb2, vocab, scores, unk, special)
     trainer = proto.trainer_spec
     trainer.model_type = sp_pb2.TrainerSpec.BPE
     trainer.vocab_size = size

@@ -21,6 +21,18 @@ class Recipe:
     # Whether exports with this recipe use ExecuTorch's custom attention ops unless told otherwise.
     custom_sdpa_default: bool = False
 
+    # The quantized linear schemes this backend has kernels for (`QuantizationSpec.qlinear`).
+    quantized_linears: tuple = ()
+
+    def check_quantization(self, spec) -> None:
+        """Refuses, before any model is loaded, a `QuantizationSpec` this backend cannot run, saying why."""
+        if spec.qlinear is not None and spec.qlinear not in self.quantized_linears:
+            raise ValueError(
+                f"The '{self.name}' recipe has no kernels for quantized linears (--qlinear {spec.qlinear}): torchao's "
+                "quantize / dequantize ops have no ExecuTorch kernel outside a delegate. Export with --recipe xnnpack, "
+                "or quantize only the embeddings (--qembedding 4w / 8w), which run in ExecuTorch's quantized kernels."
+            )
+
     def partitioners(self) -> List[Any]:
         return []
 

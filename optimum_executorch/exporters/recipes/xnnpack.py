@@ -9,6 +9,24 @@ class XnnpackRecipe(Recipe):
     name = "xnnpack"
     supported_dtypes = ("float32", "float16")
     custom_sdpa_default = True
+    quantized_linears = ("8da4w", "8da8w")
+
+    def check_quantization(self, spec) -> None:
+        from ..quantization import WEIGHT_ONLY_LINEAR_SCHEMES
+
+        if spec.qlinear in WEIGHT_ONLY_LINEAR_SCHEMES:
+            raise ValueError(
+                f"qlinear '{spec.qlinear}' (weight-only) is not offered: XNNPACK runs quantized linears only with int8 "
+                f"dynamic activations, and outside it every weight would be dequantized at every call. Use "
+                f"--qlinear {WEIGHT_ONLY_LINEAR_SCHEMES[spec.qlinear]}, which stores the same {spec.qlinear[0]}-bit "
+                "weights."
+            )
+        if spec.qlinear == "8da8w" and spec.qlinear_group_size:
+            raise ValueError(
+                f"qlinear 8da8w takes one scale per output channel (XNNPACK has no grouped 8-bit kernels), "
+                f"got qlinear_group_size={spec.qlinear_group_size}. Pass --qlinear_group_size 0, or use 8da4w."
+            )
+        super().check_quantization(spec)
 
     def partitioners(self):
         return [_checked_once_partitioner()]
