@@ -66,3 +66,66 @@ def answers_from_threads(call, threads=4, calls_per_thread=3):
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         futures = [pool.submit(worker) for _ in range(threads)]
         return [answer for future in futures for answer in future.result()]
+
+
+# The coverage matrix: each test marked `@pytest.mark.cell(Cell)` records its outcome in test-results/coverage.json
+# (merged with earlier runs, so that running a subset updates only its cells) and its time in
+# coverage-timings.json; `python -m optimum_executorch.coverage` renders docs/coverage.md from them.
+RESULTS_DIR = REPO_ROOT / "test-results"
+_CELL_RESULTS, _CELL_TIMES = {}, {}
+COLLECTED_CELLS, COLLECTED_FILES = pytest.StashKey(), pytest.StashKey()
+
+
+def cell(model_type, task, recipe="xnnpack", quantization="fp32"):
+    """The mark of a test that proves one cell of the coverage matrix."""
+    from optimum_executorch.testing.matrix import Cell
+
+    return pytest.mark.cell(Cell(model_type, task, recipe, quantization))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cell(cell): the coverage-matrix cell (testing.matrix.Cell) a test proves")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Every cell some collected test proves, before `-k` / `-m` deselect any (see test_matrix)."""
+    config.stash[COLLECTED_CELLS] = {m.args[0] for item in items for m in item.iter_markers("cell")}
+    config.stash[COLLECTED_FILES] = {item.path.name for item in items}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("cell")
+    if marker is None or (report.when != "call" and not report.failed and not report.skipped):
+        return
+    cell = marker.args[0]
+    if _CELL_RESULTS.get(cell.id, {}).get("outcome") == "failed":
+        return  # several tests may prove one cell: a failure of any one is the cell's result
+    if report.when == "call" or cell.id not in _CELL_RESULTS:
+        reason, outcome = "", report.outcome
+        if hasattr(report, "wasxfail"):  # a known failure: failed, with the reason it is known for
+            reason, outcome = report.wasxfail, "failed"
+        elif report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            reason = (crash.message if crash else str(report.longrepr)).strip().splitlines()[0]
+        elif report.skipped:
+            reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        _CELL_RESULTS[cell.id] = {**cell.__dict__, "outcome": outcome, "reason": reason}
+        _CELL_TIMES[cell.id] = round(report.duration, 1)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+
+    if not _CELL_RESULTS:
+        return
+    RESULTS_DIR.mkdir(exist_ok=True)
+    for name, new in (("coverage.json", {"cells": _CELL_RESULTS}), ("coverage-timings.json", {"seconds": _CELL_TIMES})):
+        path = RESULTS_DIR / name
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        key = next(iter(new))
+        merged = {**old.get(key, {}), **new[key]}
+        path.write_text(json.dumps({key: dict(sorted(merged.items()))}, indent=1, sort_keys=True) + "\n")

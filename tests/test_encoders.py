@@ -12,6 +12,8 @@ from optimum.executorch import main_export
 from optimum_executorch.exporters.tasks import get_task
 from optimum_executorch.testing import assert_logits_close, save_tiny_encoder
 
+from .conftest import cell
+
 TEXTS = ["the capital of france is [MASK].", "a phone", "executorch runs [MASK] programs on mobile devices."]
 
 CASES = [
@@ -45,7 +47,7 @@ def _export(tmp_path_factory, model_type, task, **options):
     return et_model, eager, AutoTokenizer.from_pretrained(out), spec
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{t}" for m, t in CASES])
+@pytest.fixture(scope="module", params=[pytest.param(case, marks=cell(*case), id="-".join(case)) for case in CASES])
 def exported(request, tmp_path_factory):
     return _export(tmp_path_factory, *request.param)
 

@@ -10,9 +10,11 @@ from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.wrappers.ring_cache import RingCacheCausalLMExportableModule
 from optimum_executorch.testing import assert_logits_close, keep_whole_character_tokens, load_eager, save_tiny_model
 
+from .conftest import cell
+
 WINDOW, MAX_SEQ_LEN = 8, 48
 LAYERS = ["sliding_attention", "full_attention", "sliding_attention"]
-# As for gemma (tests/test_families.py): XNNPACK's arithmetic on gemma's tanh-GELU and scaled embeddings.
+# As for gemma (tests/test_matrix.py): XNNPACK's arithmetic on gemma's tanh-GELU and scaled embeddings.
 RTOL = 5e-4
 
 
@@ -28,6 +30,7 @@ def exported(tmp_path_factory):
     return ExecuTorchModelForCausalLM.from_pretrained(out), load_eager(src), out
 
 
+@cell("gemma3_text", "text-generation")
 def test_greedy_tokens_match_eager_past_the_window(exported):
     et_model, eager, _ = exported
     torch.manual_seed(0)

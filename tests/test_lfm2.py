@@ -10,9 +10,12 @@ from optimum_executorch.exporters.extensions import find_extension
 from optimum_executorch.exporters.extensions.lfm2 import ConvStateCausalLMExportableModule
 from optimum_executorch.testing import assert_logits_close, keep_whole_character_tokens, load_eager, save_tiny_model
 
+from .conftest import cell
+
 LAYERS = ["conv", "full_attention", "conv"]
 
 
+@cell("lfm2", "text-generation")
 def test_conv_layers_match_eager(tmp_path):
     src = save_tiny_model("lfm2", tmp_path / "model", num_hidden_layers=3, layer_types=LAYERS)
     # Whole-character tokens only, so that ExecuTorch's C++ runner can stream the text too (test_runner_engine.py).

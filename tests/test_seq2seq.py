@@ -9,14 +9,17 @@ import torch
 from optimum.executorch import ExecuTorchModelForSeq2SeqLM, main_export
 from optimum_executorch.testing import assert_logits_close, load_eager, save_tiny_model
 
-from .conftest import answers_from_threads, run_cli
+from .conftest import answers_from_threads, cell, run_cli
 
 MAX_SEQ_LEN = 32
 # no_repeat_ngram_size keeps a random tiny model from repeating one token, so that every step is a real decision.
 GREEDY = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, no_repeat_ngram_size=2)
 
 
-@pytest.fixture(scope="module", params=["t5", "bart"])
+MODEL_TYPES = ["t5", "bart"]
+
+
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=cell(m, "text2text-generation"), id=m) for m in MODEL_TYPES])
 def exported(request, tmp_path_factory):
     model_type = request.param
     root = tmp_path_factory.mktemp(model_type)
@@ -115,6 +118,11 @@ def test_dry_run_plans_both_methods(tmp_path):
     assert plan["methods"]["decoder"][1]["shape"] == [1, "enc_seq 1..512", 64]
     with pytest.raises(ValueError, match="custom_sdpa is not supported"):
         main_export(src, tmp_path / "out", custom_sdpa=True)
+    # The portable recipe keeps a two-method program's weights inside it (ExecuTorch rejects one shared data file).
+    plan = main_export(src, tmp_path / "out", recipe="portable", dry_run=True).to_dict()
+    assert plan["settings"]["external_weights"]["value"] is False
+    with pytest.raises(ValueError, match="InvalidExternalData"):
+        main_export(src, tmp_path / "out", recipe="portable", external_weights=True, dry_run=True)
 
 
 def _quantized(src, out, **options):

@@ -10,7 +10,7 @@ from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer, Whi
 from optimum.executorch import ExecuTorchModelForSeq2SeqLM, ExecuTorchModelForSpeechSeq2Seq, main_export
 from optimum_executorch.testing import TINY_WHISPER_CHUNK_SECONDS, assert_logits_close, save_tiny_whisper
 
-from .conftest import answers_from_threads, run_cli
+from .conftest import answers_from_threads, cell, run_cli
 
 MAX_SEQ_LEN = 48  # below the tiny model's 64 decoder positions: the program's limit is what generation obeys
 SAMPLING_RATE = 16000
@@ -37,6 +37,7 @@ def _features(out, seconds=1.0, seed=0):
     return extractor(_audio(seconds, seed), sampling_rate=SAMPLING_RATE, return_tensors="pt").input_features
 
 
+@cell("whisper", "automatic-speech-recognition")
 @pytest.mark.parametrize(
     "options",
     [{"language": "en"}, {}, {"language": "fr", "task": "translate"}, {"return_timestamps": True}],

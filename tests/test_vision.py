@@ -12,7 +12,7 @@ from optimum.executorch import ExecuTorchModelForCausalLM, ExecuTorchModelForIma
 from optimum_executorch.modeling.program_info import describe_export
 from optimum_executorch.testing import assert_logits_close, save_tiny_image_classifier
 
-from .conftest import run_cli
+from .conftest import cell, run_cli
 
 MODEL_TYPES = ["vit", "deit", "mobilevit", "convnext", "resnet", "efficientnet"]
 
@@ -22,7 +22,7 @@ def _images(count=3):
     return [Image.fromarray((rng.rand(40 + 7 * i, 50, 3) * 255).astype("uint8")) for i in range(count)]
 
 
-@pytest.fixture(scope="module", params=MODEL_TYPES)
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=cell(m, "image-classification"), id=m) for m in MODEL_TYPES])
 def exported(request, tmp_path_factory):
     model_type = request.param
     root = tmp_path_factory.mktemp(model_type)

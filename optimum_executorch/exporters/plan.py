@@ -113,7 +113,16 @@ def _resolve_custom_kv_cache(options, custom_sdpa: bool) -> Tuple[bool, str]:
     return custom_sdpa, "follows custom_sdpa"
 
 
-def _resolve_external_weights(options, hf_config, task_spec, quantization) -> Tuple[bool, str]:
+def _resolve_external_weights(options, hf_config, task_spec, quantization, recipe, export_config) -> Tuple[bool, str]:
+    methods = len(export_config.wrapper_class().method_names)
+    if methods > 1 and not recipe.external_weights_across_methods:
+        if options.external_weights:
+            raise ValueError(
+                f"external_weights with the '{recipe.name}' recipe and a program of {methods} methods: ExecuTorch "
+                "rejects such a data file when it loads the second method (InvalidExternalData). Drop "
+                "--external_weights, or export with --recipe xnnpack."
+            )
+        return False, f"default: the '{recipe.name}' recipe keeps the weights of a {methods}-method program inside it"
     if options.external_weights is not None:
         return options.external_weights, USER
     tied = task_spec.lm_head and bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
@@ -167,7 +176,7 @@ def make_plan(options) -> ExportPlan:
         )
     custom_sdpa, sdpa_source = _resolve_custom_sdpa(options, recipe, export_config, max_seq_len)
     custom_kv_cache, cache_source = _resolve_custom_kv_cache(options, custom_sdpa)
-    external_weights, weights_source = _resolve_external_weights(options, hf_config, task_spec, quantization)
+    external_weights, weights_source = _resolve_external_weights(options, hf_config, task_spec, quantization, recipe, export_config)
     limit = export_config.max_positions()
     sources = {
         "model": USER,

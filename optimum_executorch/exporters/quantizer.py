@@ -19,6 +19,8 @@ from .quantization import AUTO_CALIBRATION_LENGTH, EMBEDDING_SCHEMES, LINEAR_SCH
 
 logger = logging.getLogger(__name__)
 
+_MIN_4BIT_GROUP = 32
+
 
 @dataclass
 class _Linears:
@@ -105,13 +107,20 @@ def _quantize_embeddings(model, spec: QuantizationSpec, summary: Dict[str, int])
 
 
 def _quantize_linears(model, spec: QuantizationSpec, linears: _Linears, summary: Dict[str, int]) -> None:
+    bits = LINEAR_SCHEMES[spec.qlinear]
     all_linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
-    eight_bit = {name: m for name, m in all_linears.items() if m in linears.eight_bit}
-    rest = {name: m for name, m in all_linears.items() if m not in linears.eight_bit}
+    # XNNPACK's 4-bit kernels take groups of a multiple of 32 inputs, and a per-channel 4-bit weight is one group
+    # of all its inputs: a linear with another input size keeps 8 bits per channel (a small projection of an
+    # image model, e.g. 8 or 48 inputs).
+    too_small = {name for name, m in all_linears.items() if bits == 4 and m.weight.shape[1] % _MIN_4BIT_GROUP}
+    if too_small:
+        logger.info("%d linear(s) with inputs not a multiple of %d keep 8 bits per channel: %s.", len(too_small),
+                    _MIN_4BIT_GROUP, ", ".join(sorted(too_small)[:3]))  # fmt: skip
+    eight_bit = {name: m for name, m in all_linears.items() if m in linears.eight_bit or name in too_small}
+    rest = {name: m for name, m in all_linears.items() if name not in eight_bit}
     if eight_bit:
         layouts = _quantize_layers(model, "linear_8bit", eight_bit, 0, _linear_config(8), summary)
         linears.layouts.update({name: (8, group) for name, group in layouts.items()})
-    bits = LINEAR_SCHEMES[spec.qlinear]
     layouts = _quantize_layers(model, "linear", rest, spec.qlinear_group_size, _linear_config(bits), summary)
     linears.layouts.update({name: (bits, group) for name, group in layouts.items()})
 

@@ -4,8 +4,8 @@ from . import register_export_config
 from .base import ExportConfig
 
 
-# Each of these is tested against the eager model (tests/test_families.py); add a family here together
-# with its test.
+# Each registered model_type is tested against the eager model by tests/test_matrix.py (docs/coverage.md); add a
+# family here with the tiny-config overrides that exercise what is particular to it (tests/test_matrix.py).
 @register_export_config(
     "llama", "qwen2", "qwen3", "mistral", "phi3", "olmo", "gemma",
     "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2", "phi", "gpt2", "gpt_neox",

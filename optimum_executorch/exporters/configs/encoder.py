@@ -33,9 +33,6 @@ class EncoderExportConfig(ExportConfig):
                     return task
         return "feature-extraction"
 
-    def model_load_kwargs(self) -> Dict[str, Any]:
-        return {"attn_implementation": "sdpa"}
-
     def supports_custom_sdpa(self, max_seq_len: int) -> bool:
         return False
 

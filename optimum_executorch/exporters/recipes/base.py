@@ -21,6 +21,9 @@ class Recipe:
     # Whether exports with this recipe use ExecuTorch's custom attention ops unless told otherwise.
     custom_sdpa_default: bool = False
 
+    # Whether a program of several methods can keep its weights in one external data file (--external_weights):
+    # with no delegate holding the weights, ExecuTorch rejects the file when it loads the second method.
+    external_weights_across_methods: bool = False
     # The quantized linear schemes this backend has kernels for (`QuantizationSpec.qlinear`).
     quantized_linears: tuple = ()
 

@@ -10,6 +10,7 @@ class XnnpackRecipe(Recipe):
     supported_dtypes = ("float32", "float16")
     custom_sdpa_default = True
     quantized_linears = ("8da4w", "8da8w")
+    external_weights_across_methods = True
 
     def check_quantization(self, spec) -> None:
         from ..quantization import WEIGHT_ONLY_LINEAR_SCHEMES
