@@ -36,10 +36,9 @@ def render(results: Dict[str, dict]) -> str:
     by_task: Dict[str, List] = {}
     for cell in cells:
         by_task.setdefault(cell.task, []).append(cell)
-    counts = {"passed": 0, "failed": 0, "not run": 0}
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "not run": 0}
     for cell in cells:
-        result = results.get(cell.id)
-        counts["not run" if result is None else ("passed" if result["outcome"] == "passed" else "failed")] += 1
+        counts[(results.get(cell.id) or {}).get("outcome", "not run")] += 1
     lines = [
         "# Coverage matrix",
         "",
@@ -49,10 +48,10 @@ def render(results: Dict[str, dict]) -> str:
         "included for generative tasks. ✅ passed, ❌ failed (first line of the reason), · not run; an empty cell is",
         "not claimed.",
         "",
-        f"{len(cells)} claimed cells: {counts['passed']} passed, {counts['failed']} failed, {counts['not run']} not run.",
+        f"{len(cells)} claimed cells: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n or state != "skipped") + ".",
     ]
     for task, task_cells in by_task.items():
-        columns = sorted({(c.recipe, c.quantization) for c in task_cells}, key=lambda rq: (rq[0] != "xnnpack", rq))
+        columns = sorted({(c.recipe, c.quantization) for c in task_cells}, key=lambda rq: (rq[0] != "xnnpack", rq[1] != "fp32", rq))
         lines += ["", f"## {task}", "", "| model_type | " + " | ".join(f"{r} {q}" for r, q in columns) + " |",
                   "|---|" + "---|" * len(columns)]  # fmt: skip
         rows: Dict[str, Dict] = {}

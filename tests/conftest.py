@@ -102,19 +102,19 @@ def pytest_runtest_makereport(item, call):
     if marker is None or (report.when != "call" and not report.failed and not report.skipped):
         return
     cell = marker.args[0]
-    if _CELL_RESULTS.get(cell.id, {}).get("outcome") == "failed":
-        return  # several tests may prove one cell: a failure of any one is the cell's result
-    if report.when == "call" or cell.id not in _CELL_RESULTS:
-        reason, outcome = "", report.outcome
-        if hasattr(report, "wasxfail"):  # a known failure: failed, with the reason it is known for
-            reason, outcome = report.wasxfail, "failed"
-        elif report.failed:
-            crash = getattr(report.longrepr, "reprcrash", None)
-            reason = (crash.message if crash else str(report.longrepr)).strip().splitlines()[0]
-        elif report.skipped:
-            reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+    reason, outcome = "", report.outcome
+    if hasattr(report, "wasxfail"):  # a known failure: failed, with the reason it is known for
+        reason, outcome = report.wasxfail, "failed"
+    elif report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = (crash.message if crash else str(report.longrepr)).strip().splitlines()[0]
+    elif report.skipped:
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+    # Several tests may prove one cell: a failure of any one is the cell's result, and a pass outranks a skip.
+    rank = {"skipped": 0, "passed": 1, "failed": 2}
+    if rank[outcome] >= rank[_CELL_RESULTS.get(cell.id, {}).get("outcome", "skipped")]:
         _CELL_RESULTS[cell.id] = {**cell.__dict__, "outcome": outcome, "reason": reason}
-        _CELL_TIMES[cell.id] = round(report.duration, 1)
+    _CELL_TIMES[cell.id] = round(_CELL_TIMES.get(cell.id, 0) + report.duration, 1)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -43,13 +43,15 @@ class Cell:
 
 
 def registered_model_types() -> Dict[str, type]:
-    """Every model_type the exporter knows: the export configs and the built-in extensions."""
+    """Every model_type the package itself registers: the export configs and the built-in extensions (not those a
+    user's `--extension_modules` file, or a test, registered in this process)."""
     from ..exporters.configs import EXPORT_CONFIGS
     from ..exporters.extensions import discover_builtin_extensions
 
     for _ in discover_builtin_extensions():
         pass
-    return dict(EXPORT_CONFIGS)
+    package = __name__.split(".")[0] + ".exporters."
+    return {name: cls for name, cls in EXPORT_CONFIGS.items() if cls.__module__.startswith(package) and cls.tasks}
 
 
 def claimed_cells() -> List[Cell]:
