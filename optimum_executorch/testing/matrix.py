@@ -2,7 +2,7 @@
 proves one cell against the eager model.
 
 A model_type claims every task its export config lists with the default recipe (xnnpack) in float32. Every
-text-generation family, and one model_type per other kind of program (`REPRESENTATIVES`), also claims its default
+text-generation family, and one model_type per other kind of program (`ExportConfig.coverage_representatives`), also claims its default
 task (the first it lists) with each quantized linear scheme of `QUANTIZATIONS` the recipe has kernels for
 (`Recipe.quantized_linears`). The other recipes are claimed for the default task of the representatives, one per
 kind of program: full attention, sliding + full layers, a ring-buffer cache, convolution state, an encoder, an
@@ -22,7 +22,6 @@ import torch
 QUANTIZATIONS: Dict[str, Dict[str, str]] = {"fp32": {}, "8da4w": {"qlinear": "8da4w"}}
 # Greedy decoding that makes a random tiny model take real decisions (no repeated token loops).
 DEFAULT_RECIPE = "xnnpack"
-REPRESENTATIVES = ("llama", "cohere2", "gemma3_text", "lfm2", "bert", "vit", "t5", "whisper")
 _GREEDY = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, no_repeat_ngram_size=2)
 
 
@@ -59,7 +58,7 @@ def claimed_cells() -> List[Cell]:
 
     cells = []
     for model_type, config in sorted(registered_model_types().items()):
-        default_task, representative = config.tasks[0], model_type in REPRESENTATIVES
+        default_task, representative = config.tasks[0], config.represents_its_kind(model_type)
         for task in config.tasks:
             for name, recipe in sorted(RECIPES.items()):
                 if name != DEFAULT_RECIPE and not (task == default_task and representative):

@@ -18,6 +18,9 @@ class ExportConfig:
     tiny_config_base: str = "decoder"
     tiny_config_renames: Dict[str, str] = {}
     tiny_config_extra: Dict[str, Any] = {}
+    # The model_types of this config that stand for its kind of program in the coverage matrix
+    # (`testing.matrix.claimed_cells`): claimed with every recipe and quantized, where the others claim xnnpack.
+    coverage_representatives: tuple = ()
 
     def __init__(self, hf_config, task: str):
         self.hf_config = hf_config
@@ -27,6 +30,10 @@ class ExportConfig:
     def infer_task(cls, hf_config) -> str:
         """The task to export for when none is given: the first of `tasks` unless a family knows better."""
         return cls.tasks[0]
+
+    @classmethod
+    def represents_its_kind(cls, model_type: str) -> bool:
+        return model_type in cls.coverage_representatives
 
     @property
     def text_config(self):

@@ -11,6 +11,7 @@ from .base import ExportConfig
     "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2", "phi", "gpt2", "gpt_neox",
 )  # fmt: skip
 class DecoderLMExportConfig(ExportConfig):
+    coverage_representatives = ("llama", "cohere2")  # full attention; sliding + full layers
     """Llama-like decoders: rotary positions, full (or window-masked) attention, one cache per layer."""
 
     tasks = ("text-generation", "feature-extraction")

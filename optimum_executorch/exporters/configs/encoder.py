@@ -18,6 +18,7 @@ _TASK_BY_ARCHITECTURE_SUFFIX = {
 @register_export_config("bert")
 class EncoderExportConfig(ExportConfig):
     """BERT-like encoders. The program takes `token_type_ids` when the model has segment embeddings."""
+    coverage_representatives = ("bert",)
 
     tasks = ("feature-extraction", "fill-mask", "text-classification", "token-classification")
     default_max_seq_len = 512

@@ -20,6 +20,7 @@ TINY_ENCODER_DECODER_SIZES = {
 class Seq2SeqExportConfig(ExportConfig):
     """T5: relative position buckets, so no position limit; `max_seq_len` bounds the encoder input and the
     decoder's cache (default 512)."""
+    coverage_representatives = ("t5",)
 
     tasks = ("text2text-generation",)
     default_max_seq_len = 512

@@ -14,6 +14,7 @@ class WhisperExportConfig(Seq2SeqExportConfig):
     """Whisper: the encoder takes a fixed window of log-mel frames (`2 * max_source_positions`: 3000 frames,
     30 s, for the released checkpoints); `max_seq_len` bounds the decoder's positions (`max_target_positions`,
     448 for the released checkpoints)."""
+    coverage_representatives = ("whisper",)
 
     tasks = ("automatic-speech-recognition",)
     default_max_seq_len = 448

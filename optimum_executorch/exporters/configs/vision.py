@@ -13,6 +13,7 @@ DEFAULT_IMAGE_SIZE = 224
 class ImageClassificationExportConfig(ExportConfig):
     """Image classifiers. The program takes `pixel_values[batch, channels, height, width]` with a dynamic batch
     and the static image size of the config (what the checkpoint's image processor produces)."""
+    coverage_representatives = ("vit",)
 
     tasks = ("image-classification",)
     tiny_config_base = "vision"

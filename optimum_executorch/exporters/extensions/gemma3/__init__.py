@@ -10,6 +10,7 @@ from .. import ModelExtension, register_extension
 @register_extension
 class Gemma3TextExtension(ModelExtension):
     """`gemma3_text` (`Gemma3ForCausalLM`): text generation with a hybrid cache."""
+    coverage_representatives = ("gemma3_text",)
 
     model_types = ("gemma3_text",)
     tasks = ("text-generation",)

@@ -61,6 +61,7 @@ class ConvStateCausalLMExportableModule(CausalLMExportableModule):
 @register_extension
 class Lfm2Extension(ModelExtension):
     """`lfm2` (`Lfm2ForCausalLM`): text generation with convolution states and a static KV cache."""
+    coverage_representatives = ("lfm2",)
 
     model_types = ("lfm2",)
     tasks = ("text-generation",)
