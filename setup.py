@@ -43,7 +43,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_namespace_packages(include=["optimum_executorch*", "optimum.executorch", "optimum.commands.register"]),
+    packages=find_namespace_packages(include=["optimum_executorch*", "optimum.executorch", "optimum.exporters.executorch", "optimum.commands.register"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     include_package_data=True,

@@ -3,9 +3,23 @@
 import difflib
 
 
-def suggest(name: str, choices) -> str:
-    """` Did you mean 'x'?` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+_NEGATIONS = ("no_", "disable", "skip_", "without_")
+
+
+def _negated(name: str) -> bool:
+    return any(word in name for word in _NEGATIONS)
+
+
+def suggest(name: str, choices, aliases=None) -> str:
+    """` Did you mean 'x'?` for the closest choice, or an empty string. `aliases` maps names users bring from
+    elsewhere to what to use here (checked first). A close spelling that means the opposite (`--use_x` and
+    `--no_x`) is never suggested."""
+    name = str(name)
+    for key in (name, name.lstrip("-")):
+        if aliases and key in aliases:
+            return f" Use {aliases[key]} instead."
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=3, cutoff=0.6)
+    close = [c for c in close if _negated(c) == _negated(name)]
     return f" Did you mean '{close[0]}'?" if close else ""
 
 

@@ -8,6 +8,7 @@ from argparse import ArgumentParser
 
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
 
+from ..peer_options import ALIASES, PEER_OPTIONS, add_peer_arguments
 from ..utils import suggest
 
 
@@ -19,7 +20,7 @@ def _reject_unknown_options(parser: ArgumentParser) -> None:
         namespace, extras = parse_known_args(args, namespace)
         if extras:
             known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-            hints = "".join(suggest(a.split("=")[0], known) for a in extras if a.startswith("-"))
+            hints = "".join(suggest(a.split("=")[0], known, ALIASES) for a in extras if a.startswith("-"))
             parser.error(f"unrecognized arguments: {' '.join(extras)}.{hints}")
         return namespace, extras
 
@@ -60,10 +61,12 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
         help="Allow modeling code shipped with the checkpoint to run. Review that code first.",
     )
     optional.add_argument("--cache_dir", default=None, help="Hugging Face cache directory.")
+    optional.add_argument("--token", default=None, help="Hugging Face Hub token (default: the one `hf auth login` saved).")
     _add_quantization_options(optional)
     _add_program_options(optional)
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
+    add_peer_arguments(parser)
     _reject_unknown_options(parser)
 
 
@@ -171,6 +174,7 @@ class ExecuTorchExportCommand(BaseOptimumCLICommand):
         from ..exporters import main_export
 
         options = {k: v for k, v in vars(self.args).items() if k not in ("func", "quiet")}
+        options = {k: v for k, v in options.items() if v is not None or k not in PEER_OPTIONS}
         try:
             result = main_export(**options)
         except (ValueError, TypeError, OSError) as err:

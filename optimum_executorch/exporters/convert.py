@@ -97,8 +97,8 @@ def _fewer_garbage_collections(first_generation: int = 100_000):
 
 @_fewer_garbage_collections()
 def main_export(
-    model: str,
-    output_dir: Union[str, os.PathLike],
+    model: Optional[str] = None,
+    output_dir: Optional[Union[str, os.PathLike]] = None,
     task: Optional[str] = None,
     **kwargs: Any,
 ) -> Union[Path, "ExportPlan"]:
@@ -106,14 +106,14 @@ def main_export(
 
     Args: `model`, a checkpoint directory or Hub id; `output_dir`, the directory to write (new or empty unless
     `overwrite=True`); `task`, inferred from the model when `None`; `**kwargs`, any other `ExportOptions` field
-    (`recipe`, `max_seq_len`, `dtype`, `gguf_file`, `qlinear`, ...; unknown names raise `TypeError`).
+    (`recipe`, `max_seq_len`, `dtype`, `gguf_file`, `qlinear`, ...; unknown names raise `TypeError`). The option
+    names of huggingface/optimum-executorch (`model_name_or_path`, `use_custom_sdpa`, ...) are accepted too.
 
     Returns the output directory; with `dry_run=True`, the `ExportPlan` (nothing loaded, nothing written).
     Example: `main_export("path/to/SmolLM2-135M", "out/", task="text-generation", max_seq_len=256)`.
     """
-    output_dir = None if output_dir is None else str(output_dir)
-    options = ExportOptions.from_kwargs(model=str(model), output_dir=output_dir, task=task, **kwargs)
-    output_dir = prepare_output_dir(options)
+    options = ExportOptions.from_kwargs(model=model, output_dir=output_dir, task=task, **kwargs)
+    output_dir = None if options.dry_run and output_dir is None else prepare_output_dir(options)  # a plan writes nothing
     start = time.perf_counter()
 
     with gguf_parsed_once():  # a GGUF checkpoint is read for the plan, the model and the tokenizer

@@ -5,9 +5,12 @@ here. Unknown or misspelled options are rejected with a "did you mean" hint inst
 """
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ..peer_options import ALIASES
+from ..peer_options import translate as translate_peer_options
 from .registry import suggest
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -86,11 +89,16 @@ class ExportOptions:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ExportOptions":
-        """Builds options from keyword arguments, rejecting unknown names with a suggestion."""
+        """Builds options from keyword arguments (this package's names, or the peer optimum-executorch's, see
+        `peer_options`), rejecting unknown names with a suggestion."""
+        kwargs = translate_peer_options(kwargs)
+        for path in ("model", "output_dir"):
+            if kwargs.get(path) is not None:
+                kwargs[path] = os.fspath(kwargs[path])
         names = cls.field_names()
         unknown = [k for k in kwargs if k not in names]
         if unknown:
-            msgs = [f"'{k}'.{suggest(k, names)}" for k in unknown]
+            msgs = [f"'{k}'.{suggest(k, names, ALIASES)}" for k in unknown]
             raise TypeError(
                 "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
             )

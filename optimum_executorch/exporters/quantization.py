@@ -5,7 +5,8 @@ kernels for it. `quantizer.quantize(model, spec)` quantizes the model in place w
 XNNPACK's kernels and the quantized embeddings to ExecuTorch's `quantized_decomposed` kernels.
 
 Schemes:
-    linear     8da4w / 8da8w: int8 dynamic activations, int4 / int8 weights (XNNPACK kernels)
+    linear     8da4w / 8da8w: int8 dynamic activations, int4 / int8 weights (XNNPACK kernels); 8da4w,8da8w: 8da4w,
+               and 8da8w per channel for the linears whose inputs the group size does not divide
     embedding  4w / 8w: int4 / int8 weights
 Mixed: with 8da4w, `qlinear_8bit_layers` names linears (by the last part of their module name, e.g.
 `down_proj`, `lm_head`) that get 8da8w instead, the way llama.cpp's "K_M" formats keep the sensitive
@@ -32,7 +33,10 @@ from ..contract import QUANTIZED_KERNEL_LIBRARY
 
 logger = logging.getLogger(__name__)
 
-LINEAR_SCHEMES = {"8da4w": 4, "8da8w": 8}
+LINEAR_SCHEMES = {"8da4w": 4, "8da8w": 8, "8da4w,8da8w": 4}
+# 4-bit schemes whose linears that the group size does not divide get 8 bits per channel instead of 4 bits per
+# channel (the peer's "8da4w,8da8w"; plain 8da4w keeps 4 bits, one group per channel).
+EIGHT_BIT_FALLBACK_SCHEMES = ("8da4w,8da8w",)
 # Weight-only linears, named so that a recipe can say why it does not run them (`Recipe.check_quantization`), and
 # the scheme that stores the same weights.
 WEIGHT_ONLY_LINEAR_SCHEMES = {"4w": "8da4w", "8w": "8da8w"}
@@ -95,12 +99,12 @@ class QuantizationSpec:
                 f"Choose one of: {', '.join(EMBEDDING_SCHEMES)}."
             )
         if self.qlinear_group_size is None:
-            object.__setattr__(self, "qlinear_group_size", 32 if self.qlinear == "8da4w" else 0)
+            object.__setattr__(self, "qlinear_group_size", 32 if self.four_bit_linears else 0)
         _check_group_size("qlinear_group_size", self.qlinear_group_size)
         _check_group_size("qembedding_group_size", self.qembedding_group_size)
         if self.qlinear_8bit_layers is not None:
             names = tuple(n.strip(". ") if isinstance(n, str) else n for n in self.qlinear_8bit_layers)
-            if self.qlinear != "8da4w":
+            if not self.four_bit_linears:
                 raise ValueError(
                     f"qlinear_8bit_layers keeps some linears at 8 bits inside a 4-bit model: it needs --qlinear 8da4w, "
                     f"got --qlinear {self.qlinear}."
@@ -142,6 +146,10 @@ class QuantizationSpec:
         if values["qlinear_8bit_layers"] is not None and not isinstance(values["qlinear_8bit_layers"], str):
             values["qlinear_8bit_layers"] = tuple(values["qlinear_8bit_layers"])
         return cls(**values)
+
+    @property
+    def four_bit_linears(self) -> bool:
+        return LINEAR_SCHEMES.get(self.qlinear) == 4
 
     @property
     def enabled(self) -> bool:

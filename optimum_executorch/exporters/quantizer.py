@@ -15,7 +15,13 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 import torch
 
-from .quantization import AUTO_CALIBRATION_LENGTH, EMBEDDING_SCHEMES, LINEAR_SCHEMES, QuantizationSpec
+from .quantization import (
+    AUTO_CALIBRATION_LENGTH,
+    EIGHT_BIT_FALLBACK_SCHEMES,
+    EMBEDDING_SCHEMES,
+    LINEAR_SCHEMES,
+    QuantizationSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +118,13 @@ def _quantize_linears(model, spec: QuantizationSpec, linears: _Linears, summary:
     # XNNPACK's 4-bit kernels take groups of a multiple of 32 inputs, and a per-channel 4-bit weight is one group
     # of all its inputs: a linear with another input size keeps 8 bits per channel (a small projection of an
     # image model, e.g. 8 or 48 inputs).
-    too_small = {name for name, m in all_linears.items() if bits == 4 and m.weight.shape[1] % _MIN_4BIT_GROUP}
+    # With a fallback scheme (8da4w,8da8w), so does every linear whose inputs the group size does not divide.
+    group = spec.qlinear_group_size if spec.qlinear in EIGHT_BIT_FALLBACK_SCHEMES else 0
+    too_small = {name for name, m in all_linears.items()
+                 if bits == 4 and (m.weight.shape[1] % _MIN_4BIT_GROUP or (group and m.weight.shape[1] % group))}  # fmt: skip
     if too_small:
         logger.info("%d linear(s) with inputs not a multiple of %d keep 8 bits per channel: %s.", len(too_small),
-                    _MIN_4BIT_GROUP, ", ".join(sorted(too_small)[:3]))  # fmt: skip
+                    group or _MIN_4BIT_GROUP, ", ".join(sorted(too_small)[:3]))  # fmt: skip
     eight_bit = {name: m for name, m in all_linears.items() if m in linears.eight_bit or name in too_small}
     rest = {name: m for name, m in all_linears.items() if name not in eight_bit}
     if eight_bit:
@@ -178,7 +187,7 @@ def _gptq_linears(model, spec: QuantizationSpec, grids, eight_bit) -> Tuple[Dict
 
 def _grids_to_keep(model, spec: QuantizationSpec, eight_bit) -> dict:
     """4-bit grouped linears whose float weights already sit on a 4-bit grid of the group size (see `grid.py`)."""
-    if spec.qlinear != "8da4w":
+    if not spec.four_bit_linears:
         return {}
     from .grid import GGUF_GROUP_SIZE, find_grid, find_grids, on_8bit_grid
 

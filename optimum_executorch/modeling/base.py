@@ -64,6 +64,25 @@ def _resolve_model_dir(
     return Path(path) / subfolder
 
 
+def _holds_program(model_id, subfolder: str, revision, token, local_files_only: bool) -> bool:
+    """Whether `model_id` (a directory or a Hub repo) holds a `.pte` program rather than only a checkpoint. When
+    the Hub cannot be asked, it is taken to hold one (loading then says what is missing)."""
+    local = Path(model_id) / subfolder
+    if local.is_dir():
+        exported = any(local.glob("*.pte")) or (local / EXECUTORCH_CONFIG_NAME).is_file()
+        return exported or not (local / "config.json").is_file()
+    if local_files_only or os.path.exists(model_id) or str(model_id).startswith((".", "/")):
+        return True
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(str(model_id), revision=revision, token=token)
+    except Exception:  # offline, no such repo, no access: loading reports it
+        return True
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    return any(f.startswith(prefix) and f.endswith(".pte") and "/" not in f[len(prefix):] for f in files)
+
+
 def _load_config(model_dir: Path) -> PretrainedConfig:
     """The exported `config.json`. An architecture transformers does not know (exported through an out-of-tree
     extension) is read as a plain `PretrainedConfig`: the program, not the modeling code, runs it."""
@@ -188,7 +207,7 @@ class ExecuTorchModel(OptimizedModel):
         cls,
         model_id: Union[str, os.PathLike],
         config: Optional[PretrainedConfig] = None,
-        export: bool = False,
+        export: Optional[bool] = None,
         subfolder: str = "",
         revision: Optional[str] = None,
         force_download: bool = False,
@@ -199,18 +218,23 @@ class ExecuTorchModel(OptimizedModel):
         verify_checksums: bool = True,
         **kwargs,
     ) -> "ExecuTorchModel":
-        """Loads an exported directory (local or on the Hub), or exports `model_id` first when `export=True`.
+        """Loads an exported directory (local or on the Hub), or exports a transformers checkpoint first.
 
         Args:
-            model_id: an export directory, a Hub repo holding one, or (with `export=True`) a transformers
-                checkpoint directory or Hub id.
-            export: export `model_id` into a temporary directory first. Remaining keyword arguments are
-                export options (`recipe`, `max_seq_len`, `dtype`, ...), see `main_export`, or options of
-                the runtime class (`runtime_options`, such as `engine` for causal LMs).
+            model_id: an export directory, a Hub repo holding one, or a transformers checkpoint directory or
+                Hub id (exported on the fly).
+            export: `True`: export `model_id` into a temporary directory first; `None` (default): do so when
+                `model_id` holds no `.pte` program; `False`: never. Remaining keyword arguments are export
+                options (`recipe`, `max_seq_len`, `qlinear`, ..., or the peer optimum-executorch's names), see
+                `main_export`, or options of the runtime class (`runtime_options`, such as `engine` for causal LMs).
             verify_checksums: compare the program and weights files with the SHA-256 recorded at export
                 before loading them (about 0.6 s per 500 MB). `False` skips it.
         """
         runtime_kwargs = {name: kwargs.pop(name) for name in cls.runtime_options if name in kwargs}
+        if export is None:
+            export = not _holds_program(model_id, subfolder, revision, token, local_files_only)
+            if export:
+                logger.info("'%s' holds no ExecuTorch program: exporting it first.", model_id)
         if export:
             from ..exporters import main_export  # the export side, only when asked for
 
@@ -231,8 +255,9 @@ class ExecuTorchModel(OptimizedModel):
             return model
         if kwargs:
             raise TypeError(
-                f"Unexpected arguments {sorted(kwargs)} for loading an exported model. Export options are only "
-                "accepted together with export=True."
+                f"Unexpected arguments {sorted(kwargs)} for loading an exported model: '{model_id}' holds a program, "
+                "which is loaded as it is. Export options apply when exporting a checkpoint: drop them, or export "
+                "the checkpoint (export=True)."
             )
         model_dir = _resolve_model_dir(
             model_id, subfolder, revision, cache_dir, token, local_files_only, force_download

@@ -17,6 +17,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .. import contract
 from ..utils import tokenizer_adds_bos
 from .base import ExecuTorchModel, register_for_pipelines
+from .peer_api import PeerCausalLMAPI
 from .checks import (
     check_finite,
     check_no_beam_search,
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 @register_for_pipelines
-class ExecuTorchModelForCausalLM(ExecuTorchModel, GenerationMixin):
+class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMixin):
     """A text-generation `.pte` with the transformers API.
 
     Example:

@@ -9,7 +9,7 @@ class XnnpackRecipe(Recipe):
     name = "xnnpack"
     supported_dtypes = ("float32", "float16")
     custom_sdpa_default = True
-    quantized_linears = ("8da4w", "8da8w")
+    quantized_linears = ("8da4w", "8da8w", "8da4w,8da8w")
     external_weights_across_methods = True
 
     def check_quantization(self, spec) -> None:
