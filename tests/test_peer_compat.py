@@ -164,3 +164,33 @@ def test_mixed_scheme_keeps_8_bits_where_the_group_does_not_divide():
 def test_unknown_cli_option_hints_never_the_opposite(flag, hint, tmp_path):
     result = run_cli("export", "executorch", "-m", "x", "-o", str(tmp_path / "o"), flag)
     assert result.returncode == 2 and hint in result.stderr, result.stderr
+
+
+def test_a_directory_holding_only_a_program_loads_in_a_fresh_process(tiny_llama_export, tiny_llama_dir, tmp_path):
+    """What the peer's export writes: a `.pte` (any name), no executorch_config.json, no config.json. The metadata
+    comes from the program's constant methods, and the kernel libraries it may need are imported."""
+    import shutil
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_llama_export / "model.pte", bare / "smollm2.pte")
+    script = (
+        "import sys, torch\n"
+        "from optimum.executorch import ExecuTorchModelForCausalLM\n"
+        "model = ExecuTorchModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "print(model.generate(torch.tensor([[3, 14, 15, 92, 65]]), max_new_tokens=10, min_new_tokens=10).tolist())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(bare)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = greedy_eager(load_eager(tiny_llama_dir), torch.tensor([[3, 14, 15, 92, 65]]), 10)
+    assert result.stdout.strip().splitlines()[-1] == str(expected.tolist())
+
+    from optimum.executorch import ExecuTorchModelForCausalLM
+
+    shutil.copy(bare / "smollm2.pte", bare / "other.pte")
+    with pytest.raises(ValueError, match=r"several programs \(other.pte, smollm2.pte\): choose one with file_name="):
+        ExecuTorchModelForCausalLM.from_pretrained(bare)
+    model = ExecuTorchModelForCausalLM.from_pretrained(bare, file_name="other.pte")
+    assert model.config.vocab_size == model.vocab_size and model.max_seq_len == 64

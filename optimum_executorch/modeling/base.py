@@ -18,12 +18,13 @@ import torch
 from optimum.modeling_base import OptimizedModel
 from transformers import AutoConfig, PretrainedConfig
 
-from ..contract import EXECUTORCH_CONFIG_NAME, PTE_FILE_NAME, ExportManifest
+from ..contract import EXECUTORCH_CONFIG_NAME, KERNEL_LIBRARIES, ExportManifest
 from .program_files import (
     CorruptProgramError,
     check_data_file,
     check_program_file,
     explain_runtime_error,
+    find_program_file,
     verify_checksums,
 )
 
@@ -216,6 +217,7 @@ class ExecuTorchModel(OptimizedModel):
         cache_dir: Optional[str] = None,
         token: Optional[Union[bool, str]] = None,
         verify_checksums: bool = True,
+        file_name: Optional[str] = None,
         **kwargs,
     ) -> "ExecuTorchModel":
         """Loads an exported directory (local or on the Hub), or exports a transformers checkpoint first.
@@ -229,6 +231,7 @@ class ExecuTorchModel(OptimizedModel):
                 `main_export`, or options of the runtime class (`runtime_options`, such as `engine` for causal LMs).
             verify_checksums: compare the program and weights files with the SHA-256 recorded at export
                 before loading them (about 0.6 s per 500 MB). `False` skips it.
+            file_name: the program's file in the directory (default `model.pte`, or the directory's only `.pte`).
         """
         runtime_kwargs = {name: kwargs.pop(name) for name in cls.runtime_options if name in kwargs}
         if export is None:
@@ -262,21 +265,29 @@ class ExecuTorchModel(OptimizedModel):
         model_dir = _resolve_model_dir(
             model_id, subfolder, revision, cache_dir, token, local_files_only, force_download
         )
-        return cls._from_dir(model_dir, config=config, verify_checksums=verify_checksums, **runtime_kwargs)
+        return cls._from_dir(model_dir, config, verify_checksums, file_name, **runtime_kwargs)
 
     @classmethod
     def _from_dir(
-        cls, model_dir: Path, config: Optional[PretrainedConfig] = None, verify_checksums: bool = True, **runtime_kwargs
+        cls,
+        model_dir: Path,
+        config: Optional[PretrainedConfig] = None,
+        verify_checksums: bool = True,
+        file_name: Optional[str] = None,
+        **runtime_kwargs,
     ) -> "ExecuTorchModel":
+        pte_path = find_program_file(model_dir, file_name)
         manifest = ExportManifest.from_json(model_dir)
-        cls.load_kernel_libraries(manifest.kernel_libraries)
-        weights_file = manifest.weights_file
+        if (model_dir / EXECUTORCH_CONFIG_NAME).is_file():
+            cls.load_kernel_libraries(manifest.kernel_libraries)
+            weights_file = manifest.weights_file
+        else:  # made by another exporter (huggingface/optimum-executorch): nothing says which kernels it needs
+            cls.load_kernel_libraries(KERNEL_LIBRARIES)
+            weights_file = pte_path.with_suffix(".ptd").name if pte_path.with_suffix(".ptd").is_file() else None
         if weights_file is not None and Path(weights_file).name != weights_file:
             raise ValueError(f"weights_file {weights_file!r} in {EXECUTORCH_CONFIG_NAME} must be a file name in '{model_dir}'.")
         program = cls.load_program(
-            model_dir / PTE_FILE_NAME,
-            model_dir / weights_file if weights_file else None,
-            manifest.checksums if verify_checksums else None,
+            pte_path, model_dir / weights_file if weights_file else None, manifest.checksums if verify_checksums else None
         )
         task = manifest.task
         if cls.task and task and task != cls.task:
@@ -285,8 +296,17 @@ class ExecuTorchModel(OptimizedModel):
                 f"({cls.task}). Load it with the runtime class of that task."
             )
         if config is None:
-            config = _load_config(model_dir)
+            config = _load_config(model_dir) if (model_dir / "config.json").is_file() else cls.config_from_program(program, model_dir)
         return cls(program, config, model_save_dir=model_dir, manifest=manifest, **runtime_kwargs)
+
+    @classmethod
+    def config_from_program(cls, program, model_dir: Path) -> PretrainedConfig:
+        """The model config of a program directory without `config.json`. Task classes whose program's metadata
+        says enough build one (causal LMs); the others need the checkpoint's."""
+        raise FileNotFoundError(
+            f"'{model_dir}' holds no config.json. Copy the checkpoint's config.json beside the program, or pass "
+            "config=AutoConfig.from_pretrained(<checkpoint>)."
+        )
 
     # ------------------------------------------------------------------------------------------ saving
     def _save_pretrained(self, save_directory: Union[str, Path]) -> None:

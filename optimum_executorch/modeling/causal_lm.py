@@ -78,7 +78,10 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
         # ExecuTorch's LLM runner contract: get_max_context_len positions in all, get_max_seq_len tokens a call at most.
         per_call = int(self.read_constant(contract.MAX_SEQ_LEN, self.manifest.max_seq_len))
         self.max_seq_len = int(self.read_constant(contract.MAX_CONTEXT_LEN, per_call))
-        self.max_chunk_len = min(per_call, self.max_seq_len - 1)
+        # A program exported with a static prompt length (the peer's --disable_dynamic_shapes: one token a call)
+        # takes no more than its input's size.
+        largest_input = self.program.metadata("forward").input_tensor_meta(0).sizes()[-1]
+        self.max_chunk_len = min(per_call, largest_input, self.max_seq_len - 1)
         self.vocab_size = int(self.read_constant(contract.VOCAB_SIZE, config.get_text_config().vocab_size))
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.model_save_dir)
@@ -139,6 +142,22 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
         )
 
     @classmethod
+    def config_from_program(cls, program, model_dir):
+        """A directory holding only a program (as huggingface/optimum-executorch writes): the config generation
+        needs, from the program's LLM metadata."""
+        from transformers import PretrainedConfig
+
+        def constant(name):
+            return list(program.load_method(name).execute([])) if name in program.method_names else None
+
+        vocab, bos, eos = constant(contract.VOCAB_SIZE), constant(contract.BOS_ID), constant(contract.EOS_IDS)
+        if vocab is None:
+            return super().config_from_program(program, model_dir)
+        logger.info("'%s' holds no config.json: the program's metadata gives the vocabulary and special tokens.", model_dir)
+        return PretrainedConfig(vocab_size=int(vocab[0]), bos_token_id=int(bos[0]) if bos else None,
+                                eos_token_id=[int(i) for i in eos] if eos else None)  # fmt: skip
+
+    @classmethod
     def can_generate(cls) -> bool:
         return True
 
@@ -187,6 +206,8 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
                     [input_ids[:, chunk].contiguous(), cache_position[chunk].contiguous()]
                 )[0]
         self._next_position = end
+        # This package's programs return the last position's logits; others (the peer's) every position's.
+        logits = logits.reshape(-1, logits.shape[-1])[-1:]
         return CausalLMOutputWithPast(logits=check_finite(logits, self.model_save_dir).reshape(1, 1, -1))
 
     # -------------------------------------------------------------------------------------- generation

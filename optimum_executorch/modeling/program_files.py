@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Dict, Optional
 
+from ..contract import PTE_FILE_NAME
 from ..utils import file_sha256
 
 # Flatbuffer file identifiers at bytes 4..8: a program ("ET" + schema version) and a named-data file.
@@ -112,3 +113,19 @@ def verify_checksums(model_dir: Path, checksums: Optional[Dict[str, str]]) -> No
                 "comes from another export. Copy or download the export again, or export again. "
                 "(verify_checksums=False skips this check.)"
             )
+
+
+def find_program_file(model_dir: Path, file_name: Optional[str] = None) -> Path:
+    """The program of a directory: `file_name`, else `model.pte`, else the directory's only `.pte` (an export made
+    by another tool, such as huggingface/optimum-executorch, may name it otherwise)."""
+    if file_name is not None:
+        if Path(file_name).name != file_name:
+            raise ValueError(f"file_name must be a file name in '{model_dir}', got {file_name!r}.")
+        return model_dir / file_name
+    default = model_dir / PTE_FILE_NAME
+    programs = sorted(p.name for p in model_dir.glob("*.pte"))
+    if default.is_file() or not programs:
+        return default  # a missing program is reported by the loader, with the fix
+    if len(programs) > 1:
+        raise ValueError(f"'{model_dir}' holds several programs ({', '.join(programs)}): choose one with file_name=.")
+    return model_dir / programs[0]
