@@ -239,23 +239,8 @@ class ExecuTorchModel(OptimizedModel):
             if export:
                 logger.info("'%s' holds no ExecuTorch program: exporting it first.", model_id)
         if export:
-            from ..exporters import main_export  # the export side, only when asked for
-
-            temp_dir = tempfile.TemporaryDirectory(prefix="optimum_executorch_")
-            out = Path(temp_dir.name) / "export"
-            main_export(
-                str(model_id),
-                out,
-                task=cls.task,
-                revision=revision,
-                cache_dir=cache_dir,
-                token=token if isinstance(token, str) else None,
-                trust_remote_code=trust_remote_code,
-                **kwargs,
-            )
-            model = cls._from_dir(out, config=None, **runtime_kwargs)
-            model._temp_dir = temp_dir
-            return model
+            hub = {"revision": revision, "cache_dir": cache_dir, "token": token if isinstance(token, str) else None}
+            return cls._export_then_load(model_id, runtime_kwargs, trust_remote_code=trust_remote_code, **hub, **kwargs)
         if kwargs:
             raise TypeError(
                 f"Unexpected arguments {sorted(kwargs)} for loading an exported model: '{model_id}' holds a program, "
@@ -266,6 +251,18 @@ class ExecuTorchModel(OptimizedModel):
             model_id, subfolder, revision, cache_dir, token, local_files_only, force_download
         )
         return cls._from_dir(model_dir, config, verify_checksums, file_name, **runtime_kwargs)
+
+    @classmethod
+    def _export_then_load(cls, model_id, runtime_kwargs: Dict[str, Any], **export_options) -> "ExecuTorchModel":
+        """Exports `model_id` for this class's task into a temporary directory that lives as long as the model."""
+        from ..exporters import main_export  # the export side, only when asked for
+
+        temp_dir = tempfile.TemporaryDirectory(prefix="optimum_executorch_")
+        out = Path(temp_dir.name) / "export"
+        main_export(str(model_id), out, task=cls.task, **export_options)
+        model = cls._from_dir(out, config=None, **runtime_kwargs)
+        model._temp_dir = temp_dir
+        return model
 
     @classmethod
     def _from_dir(
