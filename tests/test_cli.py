@@ -1,5 +1,7 @@
 """`optimum-cli export executorch` end to end, and its errors."""
 
+import re
+
 import torch
 
 from optimum.executorch import ExecuTorchModelForCausalLM
@@ -17,6 +19,9 @@ def test_cli_export_then_generate_matches_eager(tiny_llama_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Exported to" in result.stdout
     assert "Lowering forward" in result.stderr  # progress is reported
+    # Only this package's timed log lines: other libraries' warnings and native log lines are held back (-v).
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in result.stderr.splitlines()), result.stderr
+    assert len(result.stderr.splitlines()) <= 15, result.stderr
     model = ExecuTorchModelForCausalLM.from_pretrained(out)
     assert model.max_seq_len == 32
     prompt = torch.tensor([[3, 14, 15, 92, 65]])

@@ -5,16 +5,13 @@ Argument parsing and printing only; the work is `ExecuTorchModelForCausalLM.gene
 stay inside `run` (this module is imported on every `optimum-cli` start).
 """
 
-import contextlib
-import ctypes
-import os
-import re
+import logging
 import sys
-import tempfile
 from argparse import ArgumentParser
 
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
 
+from ..console import captured_output, not_native
 from .export_executorch import _reject_unknown_options
 
 
@@ -36,56 +33,6 @@ def parse_args_run(parser: ArgumentParser) -> None:
     _reject_unknown_options(parser)
 
 
-# Lines that native code writes while loading and running (ExecuTorch's and torch's logs, the runner's
-# end-of-generation line, torchao's note that its CUDA kernels are absent).
-_NATIVE_LINE = re.compile(
-    r"^(\[[\w./-]+:\d+\]|[IWEDF]\d{4} |[IWEDF] tokenizers:|Reached to the end|Failed to load .*torchao)"
-)
-
-
-def _flush_native() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        ctypes.CDLL(None).fflush(None)  # C stdio buffers of native code
-    except (OSError, AttributeError):
-        pass
-
-
-@contextlib.contextmanager
-def _native_output_captured(enabled: bool):
-    """Sends what is written to stdout/stderr during the block to a temporary file and yields a writer to the
-    real stdout. Afterwards, lines that native code wrote (ExecuTorch's log) are dropped and the rest (Python
-    warnings) is shown on stderr; after an unexpected failure everything is shown."""
-    if not enabled:
-        yield lambda text: (sys.stdout.write(text), sys.stdout.flush())
-        return
-    _flush_native()
-    with contextlib.ExitStack() as stack:
-        capture = stack.enter_context(tempfile.TemporaryFile())
-        saved = {}
-        for fd in (1, 2):
-            saved[fd] = os.dup(fd)
-            stack.callback(os.close, saved[fd])
-        stack.callback(lambda: [os.dup2(saved[fd], fd) for fd in (1, 2)])
-        stack.callback(_flush_native)  # runs first: flush into the capture before restoring
-        os.dup2(capture.fileno(), 1)
-        os.dup2(capture.fileno(), 2)
-        show_all = False
-        try:
-            yield lambda text: os.write(saved[1], text.encode("utf-8"))
-        except Exception as err:
-            show_all = not isinstance(err, (ValueError, TypeError, OSError))  # usage errors need no native log
-            raise
-        finally:
-            _flush_native()
-            capture.seek(0)
-            lines = capture.read().decode("utf-8", "replace").splitlines(keepends=True)
-            kept = "".join(line for line in lines if show_all or not _NATIVE_LINE.match(line) and line.strip())
-            if kept:
-                os.write(saved[2], kept.encode("utf-8"))
-
-
 class ExecuTorchRunCommand(BaseOptimumCLICommand):
     COMMAND = CommandInfo(name="run", help="Generate text with an exported text-generation program.")
 
@@ -98,7 +45,7 @@ class ExecuTorchRunCommand(BaseOptimumCLICommand):
 
         args = self.args
         try:
-            with _native_output_captured(not args.verbose) as write:
+            with captured_output(not args.verbose, keep=not_native, log_level=logging.WARNING) as write:
                 model = ExecuTorchModelForCausalLM.from_pretrained(args.model, engine=args.engine)
                 _, stats = model.generate_text(
                     args.prompt,
@@ -156,7 +103,7 @@ class ExecuTorchInspectCommand(BaseOptimumCLICommand):
             if is_export:
                 from ..modeling.program_info import describe_export, format_description
 
-                with _native_output_captured(True):
+                with captured_output(keep=not_native, log_level=logging.WARNING):
                     description = describe_export(path)
                 print(json.dumps(description, indent=2) if self.args.json else format_description(description))
                 return

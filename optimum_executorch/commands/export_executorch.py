@@ -66,6 +66,9 @@ def parse_args_executorch(parser: ArgumentParser) -> None:
     _add_program_options(optional)
     optional.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
     optional.add_argument("-q", "--quiet", action="store_true", help="Print warnings and errors only.")
+    optional.add_argument(
+        "-v", "--verbose", action="store_true", help="Also show other libraries' warnings and log lines (hidden by default)."
+    )
     add_peer_arguments(parser)
     _reject_unknown_options(parser)
 
@@ -166,17 +169,17 @@ class ExecuTorchExportCommand(BaseOptimumCLICommand):
         import logging
         import sys
 
-        logging.basicConfig(
-            level=logging.WARNING if self.args.quiet else logging.INFO,
-            format="%(asctime)s %(levelname)s %(message)s",
-            datefmt="%H:%M:%S",
-        )
+        from ..console import captured_output
         from ..exporters import main_export
 
-        options = {k: v for k, v in vars(self.args).items() if k not in ("func", "quiet")}
+        options = {k: v for k, v in vars(self.args).items() if k not in ("func", "quiet", "verbose")}
         options = {k: v for k, v in options.items() if v is not None or k not in PEER_OPTIONS}
+        level = logging.WARNING if self.args.quiet else logging.INFO
         try:
-            result = main_export(**options)
+            # torch, ExecuTorch and torchao print dozens of warnings and native log lines during an export: shown
+            # with -v, or when the export fails unexpectedly (they may hold the cause).
+            with captured_output(not self.args.verbose, log_level=level):
+                result = main_export(**options)
         except (ValueError, TypeError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
