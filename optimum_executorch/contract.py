@@ -42,6 +42,9 @@ NUM_FRAMES = "get_num_frames"
 DECODER_START_TOKEN_ID = "get_decoder_start_token_id"
 D_MODEL = "get_d_model"
 SLIDING_WINDOW = "get_sliding_window"
+# The sequence length at which generation runs the whole sequence again from position 0, as the eager model does
+# (Phi-3's long RoPE factors: every position's encoding changes once the sequence passes the pretraining length).
+REPREFILL_AT = "get_reprefill_at"
 # Methods a program must have for ExecuTorch's runner: the decoder and the context length it sizes its loop by.
 RUNNER_REQUIRED_METHODS = ("forward", MAX_SEQ_LEN)
 

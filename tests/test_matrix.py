@@ -21,6 +21,16 @@ OVERRIDES = {
     # A sliding layer with a window shorter than the generated sequence, and a full layer.
     "cohere2": {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
     "gpt_neox": {"use_parallel_residual": True},
+    # Long RoPE (Phi-3.5 / Phi-4-mini) with a pretraining length the generated sequence passes: the long factors
+    # take over there, and generation runs the sequence again as the eager model does.
+    "phi3": {
+        "max_position_embeddings": 64,
+        "original_max_position_embeddings": 16,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16,
+            "long_factor": [1.0 + 0.5 * i for i in range(8)], "short_factor": [1.0 + 0.05 * i for i in range(8)],
+        },
+    },
 }
 # Logits tolerance (relative to the largest) where XNNPACK's arithmetic differs from eager's beyond 1e-4: measured
 # 1.3e-4 (gemma) and 2.1e-4 (starcoder2) with XNNPACK, within 1e-5 with the portable kernels on the same program

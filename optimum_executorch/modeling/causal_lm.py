@@ -83,6 +83,7 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
         largest_input = self.program.metadata("forward").input_tensor_meta(0).sizes()[-1]
         self.max_chunk_len = min(per_call, largest_input, self.max_seq_len - 1)
         self.vocab_size = int(self.read_constant(contract.VOCAB_SIZE, config.get_text_config().vocab_size))
+        self.reprefill_at = self.read_constant(contract.REPREFILL_AT)  # see contract.REPREFILL_AT
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.model_save_dir)
         except OSError:
@@ -229,6 +230,8 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
         if inputs_embeds is not None:
             raise ValueError("This program takes input_ids, not inputs_embeds.")
         start = 0 if is_first_iteration else self._next_position
+        if self.reprefill_at is not None and input_ids.shape[1] >= self.reprefill_at > start:
+            start = 0  # the whole sequence again, as the eager model does there (contract.REPREFILL_AT)
         return {
             "input_ids": input_ids[:, start:],
             "cache_position": torch.arange(start, input_ids.shape[1], dtype=torch.long),
@@ -292,6 +295,9 @@ class ExecuTorchModelForCausalLM(ExecuTorchModel, PeerCausalLMAPI, GenerationMix
         input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=not chat).input_ids
         self._check_prompt_fits(input_ids.shape[1])
         if self.engine == "runner":
+            if self.reprefill_at is not None and input_ids.shape[1] + max_new_tokens >= self.reprefill_at:
+                logger.warning("ExecuTorch's runner does not run the sequence again at %d tokens as the eager model "
+                               "does (long RoPE): past it, its text can differ from engine='python'.", self.reprefill_at)  # fmt: skip
             return runner.generate_text(prompt, max_new_tokens, on_token, temperature, add_bos=not chat)
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         self.generate(input_ids, max_new_tokens=max_new_tokens, streamer=streamer, **sampling)

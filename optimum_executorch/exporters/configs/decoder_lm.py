@@ -1,5 +1,6 @@
 """Decoder-only language models whose attention fits one static KV cache."""
 
+from ... import contract
 from . import register_export_config
 from .base import ExportConfig
 
@@ -7,7 +8,7 @@ from .base import ExportConfig
 # Each registered model_type is tested against the eager model by tests/test_matrix.py (docs/coverage.md); add a
 # family here with the tiny-config overrides that exercise what is particular to it (tests/test_matrix.py).
 @register_export_config(
-    "llama", "qwen2", "qwen3", "mistral", "phi3", "olmo", "gemma",
+    "llama", "qwen2", "qwen3", "mistral", "olmo", "gemma",
     "olmo2", "granite", "smollm3", "glm", "starcoder2", "cohere2", "phi", "gpt2", "gpt_neox",
 )  # fmt: skip
 class DecoderLMExportConfig(ExportConfig):
@@ -24,3 +25,19 @@ class DecoderLMExportConfig(ExportConfig):
         if self.task == "feature-extraction":  # the encoder wrapper: forward(input_ids, attention_mask)
             return {"input_names": ["input_ids", "attention_mask"], "output_name": "last_hidden_state"}
         return super().wrapper_kwargs()
+
+
+@register_export_config("phi3")
+class Phi3ExportConfig(DecoderLMExportConfig):
+    """Phi-3 / Phi-3.5 / Phi-4-mini. With long RoPE, a call whose positions pass `original_max_position_embeddings`
+    uses the long factors for all of them (traced as a `torch.where`, so the program does the same); transformers'
+    generation then drops its cache once and runs the whole sequence again. The program says where, for the
+    runtime to do the same."""
+
+    def extra_metadata(self):
+        rope = getattr(self.hf_config, "rope_parameters", None) or {}
+        # transformers' Phi3ForCausalLM re-runs at the top-level `original_max_position_embeddings` (4096 by default).
+        original = getattr(self.hf_config, "original_max_position_embeddings", None)
+        if rope.get("rope_type") != "longrope" or not original:
+            return super().extra_metadata()
+        return dict(super().extra_metadata(), **{contract.REPREFILL_AT: int(original) + 1})
