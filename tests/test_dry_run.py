@@ -69,3 +69,21 @@ def test_cli_dry_run(tiny_llama_dir, tmp_path):
     result = run_cli("export", "executorch", "-m", str(tiny_llama_dir), "-o", str(tmp_path / "out"), "--dry_run", check=True)
     assert "Export plan" in result.stdout and "method forward: input_ids int64[1, seq_len 1..255]" in result.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_hub_options_reach_the_loader(tiny_llama_dir, no_weights):
+    """`subfolder` inside a local directory names the checkpoint; the Hub options are accepted everywhere and go to
+    every load (checked here on the options the loader is given)."""
+    from pathlib import Path
+
+    from optimum_executorch.exporters.loading import _hub_kwargs
+    from optimum_executorch.exporters.options import ExportOptions
+
+    parent = Path(tiny_llama_dir).parent
+    plan = main_export(parent, subfolder=Path(tiny_llama_dir).name, local_files_only=True, dry_run=True)
+    assert plan.options.model == tiny_llama_dir and plan.options.subfolder == ""
+    options = ExportOptions.from_kwargs(model="org/repo", subfolder="sub", local_files_only=True, force_download=True,
+                                        revision="v1", cache_dir="/c", token="t")  # fmt: skip
+    assert _hub_kwargs(options) == {"revision": "v1", "cache_dir": "/c", "token": "t", "subfolder": "sub",
+                                    "local_files_only": True, "force_download": True}  # fmt: skip
+    assert "token" not in options.to_dict() and "local_files_only" not in options.to_dict()

@@ -1,6 +1,7 @@
 """Runtime behaviour of ExecuTorchModelForCausalLM on the shared tiny llama export, against eager."""
 
 import json
+import tempfile
 
 import pytest
 import torch
@@ -154,10 +155,11 @@ def test_push_to_hub_uploads_the_export_directory(et_model, monkeypatch):
     def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
         uploaded["repo"] = (repo_id, private, exist_ok)
 
-    def upload_folder(self, repo_id, folder_path, commit_message=None, **kwargs):
+    def upload_folder(self, repo_id, folder_path, commit_message=None, revision=None, create_pr=False, **kwargs):
         from pathlib import Path
 
         uploaded["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+        uploaded["commit"] = (commit_message, revision, create_pr)
         return f"https://huggingface.co/{repo_id}"
 
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
@@ -165,6 +167,20 @@ def test_push_to_hub_uploads_the_export_directory(et_model, monkeypatch):
     assert et_model.push_to_hub("me/tiny-llama-et", private=True).endswith("me/tiny-llama-et")
     assert uploaded["repo"] == ("me/tiny-llama-et", True, True)
     assert {"model.pte", "config.json", "executorch_config.json", "tokenizer.json"} <= set(uploaded["files"])
+    assert uploaded["commit"] == ("Upload ExecuTorch model", None, False)
+    # transformers' signature: commit message, branch, pull request; and save_pretrained(push_to_hub=True).
+    et_model.push_to_hub("me/tiny-llama-et", commit_message="v2", revision="dev", create_pr=True)
+    assert uploaded["commit"] == ("v2", "dev", True)
+    with tempfile.TemporaryDirectory() as directory:
+        et_model.save_pretrained(directory, push_to_hub=True, repo_id="me/saved", commit_message="saved")
+    assert uploaded["repo"][0] == "me/saved" and uploaded["commit"][0] == "saved"
+
+
+def test_repr_names_program_task_recipe_and_methods(et_model):
+    assert repr(et_model) == (
+        f"ExecuTorchModelForCausalLM(program='{et_model.model_save_dir}', task='text-generation', "
+        "recipe='xnnpack', methods=['forward'])"
+    )
 
 
 def test_from_pretrained_with_export_true_exports_on_the_fly(tiny_llama_dir, tmp_path):

@@ -16,8 +16,10 @@ logger = logging.getLogger(__name__)
 
 
 def _hub_kwargs(options) -> Dict[str, Any]:
-    kwargs = {"revision": options.revision, "cache_dir": options.cache_dir, "token": options.token}
-    return {k: v for k, v in kwargs.items() if v is not None}
+    kwargs = {"revision": options.revision, "cache_dir": options.cache_dir, "token": options.token,
+              "subfolder": options.subfolder, "local_files_only": options.local_files_only,
+              "force_download": options.force_download}  # fmt: skip
+    return {k: v for k, v in kwargs.items() if v}
 
 
 def _source(options) -> Tuple[str, Dict[str, Any]]:

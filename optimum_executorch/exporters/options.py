@@ -32,6 +32,8 @@ class ExportOptions:
         revision: the Hub revision (branch, tag or commit) to load.
         trust_remote_code: allow modeling code shipped with the checkpoint to run. Off by default.
         cache_dir: Hugging Face cache directory.
+        subfolder: the checkpoint's folder inside `model` (a Hub repo or a local directory).
+        local_files_only: load from the local cache only (no download); `force_download`: download again.
         token: Hugging Face Hub token.
         overwrite: replace an existing, non-empty `output_dir`.
         qlinear: quantize every linear layer (`8da4w`, `8da8w`), see `quantization.py`.
@@ -68,6 +70,9 @@ class ExportOptions:
     revision: Optional[str] = None
     trust_remote_code: bool = False
     cache_dir: Optional[str] = None
+    subfolder: str = ""
+    local_files_only: bool = False
+    force_download: bool = False
     token: Optional[str] = None
     overwrite: bool = False
     custom_sdpa: Optional[bool] = None
@@ -95,6 +100,8 @@ class ExportOptions:
         for path in ("model", "output_dir"):
             if kwargs.get(path) is not None:
                 kwargs[path] = os.fspath(kwargs[path])
+        if kwargs.get("subfolder") and kwargs.get("model") and os.path.isdir(kwargs["model"]):
+            kwargs["model"], kwargs["subfolder"] = os.path.join(kwargs["model"], kwargs["subfolder"]), ""
         names = cls.field_names()
         unknown = [k for k in kwargs if k not in names]
         if unknown:
@@ -143,4 +150,5 @@ class ExportOptions:
 
     def to_dict(self) -> Dict[str, Any]:
         """The options as written into `executorch_config.json` (no secrets)."""
-        return {k: getattr(self, k) for k in self.field_names() if k not in ("token", "cache_dir", "output_dir")}
+        local = ("token", "cache_dir", "output_dir", "local_files_only", "force_download")  # not the export's
+        return {k: getattr(self, k) for k in self.field_names() if k not in local}

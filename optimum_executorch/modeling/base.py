@@ -72,11 +72,14 @@ def _holds_program(model_id, subfolder: str, revision, token, local_files_only: 
     if local.is_dir():
         exported = any(local.glob("*.pte")) or (local / EXECUTORCH_CONFIG_NAME).is_file()
         return exported or not (local / "config.json").is_file()
-    if local_files_only or os.path.exists(model_id) or str(model_id).startswith((".", "/")):
+    if os.path.exists(model_id) or str(model_id).startswith((".", "/")):
         return True
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, snapshot_download
 
     try:
+        if local_files_only:  # what the cache holds
+            cached = Path(snapshot_download(str(model_id), revision=revision, local_files_only=True)) / subfolder
+            return any(cached.glob("*.pte")) or not (cached / "config.json").is_file()
         files = HfApi().list_repo_files(str(model_id), revision=revision, token=token)
     except Exception:  # offline, no such repo, no access: loading reports it
         return True
@@ -239,7 +242,8 @@ class ExecuTorchModel(OptimizedModel):
             if export:
                 logger.info("'%s' holds no ExecuTorch program: exporting it first.", model_id)
         if export:
-            hub = {"revision": revision, "cache_dir": cache_dir, "token": token if isinstance(token, str) else None}
+            hub = {"revision": revision, "cache_dir": cache_dir, "token": token if isinstance(token, str) else None,
+                   "subfolder": subfolder, "local_files_only": local_files_only, "force_download": force_download}  # fmt: skip
             return cls._export_then_load(model_id, runtime_kwargs, trust_remote_code=trust_remote_code, **hub, **kwargs)
         if kwargs:
             raise TypeError(
@@ -318,33 +322,50 @@ class ExecuTorchModel(OptimizedModel):
     def save_pretrained(self, save_directory: Union[str, Path], push_to_hub: bool = False, **hub_kwargs) -> None:
         """Writes the program, configs and tokenizer to `save_directory` (a directory `from_pretrained` loads).
 
-        With `push_to_hub=True`, also uploads them; `hub_kwargs` go to `push_to_hub` (`repo_id` required).
+        With `push_to_hub=True`, also uploads them, as transformers does: `repo_id` (default: the directory's name)
+        and the other `push_to_hub` arguments in `hub_kwargs`.
         """
         super().save_pretrained(save_directory)
         if push_to_hub:
-            self._upload_folder(save_directory, **hub_kwargs)
+            repo_id = hub_kwargs.pop("repo_id", Path(save_directory).name)
+            self._upload_folder(save_directory, repo_id, **hub_kwargs)
 
     def push_to_hub(
         self,
         repo_id: str,
+        commit_message: Optional[str] = None,
         private: Optional[bool] = None,
         token: Optional[Union[bool, str]] = None,
-        commit_message: str = "Upload ExecuTorch model",
-    ) -> str:
-        """Uploads the export directory to the Hugging Face Hub repo `repo_id` (created if missing)."""
+        revision: Optional[str] = None,
+        create_pr: bool = False,
+    ):
+        """Uploads the export directory to the Hugging Face Hub repo `repo_id` (created if missing); transformers'
+        arguments. Returns the commit information."""
         with tempfile.TemporaryDirectory() as directory:
             self.save_pretrained(directory)
-            return self._upload_folder(directory, repo_id, private, token, commit_message)
+            return self._upload_folder(directory, repo_id, commit_message, private, token, revision, create_pr)
 
     @staticmethod
-    def _upload_folder(directory, repo_id, private=None, token=None, commit_message="Upload ExecuTorch model"):
+    def _upload_folder(directory, repo_id, commit_message=None, private=None, token=None, revision=None, create_pr=False):
         from huggingface_hub import HfApi
 
-        api = HfApi(token=token)
+        api = HfApi(token=token if isinstance(token, str) else None)
         api.create_repo(repo_id, private=private, exist_ok=True)
-        return api.upload_folder(repo_id=repo_id, folder_path=str(directory), commit_message=commit_message)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(directory),
+            commit_message=commit_message or "Upload ExecuTorch model",
+            revision=revision,
+            create_pr=create_pr,
+        )
 
-    # ------------------------------------------------------------------------------------ torch-likes
+    def __repr__(self) -> str:
+        methods = [m for m in self.program.method_names if not m.startswith(("get_", "use_", "enable_"))]
+        return (
+            f"{type(self).__name__}(program='{self.model_save_dir}', task={self.manifest.task!r}, "
+            f"recipe={self.manifest.recipe!r}, methods={sorted(methods)})"
+        )
+
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
