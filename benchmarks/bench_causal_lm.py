@@ -16,6 +16,7 @@ Writes JSON (`--json`) and prints a markdown table.
 
     python benchmarks/bench_causal_lm.py                       # export + both engines
     python benchmarks/bench_causal_lm.py --export_dir out/     # reuse an existing export
+    python benchmarks/bench_causal_lm.py --plot docs/images/speed.svg   # and draw the chart (chart.py)
 """
 
 import argparse
@@ -290,6 +291,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed generates per engine and round")
     parser.add_argument("--rounds", type=int, default=3, help="times the engines run in turn")
     parser.add_argument("--json", default="benchmarks/results/causal_lm.json")
+    parser.add_argument("--plot", default=None, metavar="FILE.svg", help="also draw the report (benchmarks/chart.py)")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -326,6 +328,10 @@ def main():
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(_table(report))
     print(f"\nJSON written to {args.json}")
+    if args.plot:
+        from chart import write_chart  # benchmarks/chart.py, beside this script
+
+        print(f"Chart written to {write_chart(report, args.plot)}")
 
 
 STAGES = {"export": run_export, "bandwidth": run_bandwidth, "eager": run_eager, "pte": run_pte, "runner": run_runner}
