@@ -87,10 +87,13 @@ class ExportOptions:
     calibration_data: Optional[str] = None
     qembedding: Optional[str] = None
     qembedding_group_size: int = 0
+    # The options given with a value other than the default (set by `from_kwargs`): a plan says these came from
+    # the user, and an extension's defaults do not replace them. Not an option itself.
+    explicit: frozenset = dataclasses.field(default=frozenset(), repr=False, compare=False)
 
     @classmethod
     def field_names(cls):
-        return [f.name for f in dataclasses.fields(cls)]
+        return [f.name for f in dataclasses.fields(cls) if f.name != "explicit"]
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ExportOptions":
@@ -109,10 +112,9 @@ class ExportOptions:
             raise TypeError(
                 "Unknown export option " + " ".join(msgs) + f" Valid options: {', '.join(sorted(names))}."
             )
-        options = cls(**kwargs)
-        defaults = cls(model=options.model)
-        # The options given with a value other than the default: a plan says these came from the user.
-        options.explicit = frozenset(k for k, v in kwargs.items() if getattr(defaults, k) != v)
+        defaults = cls(model=kwargs.get("model"))
+        explicit = frozenset(k for k, v in kwargs.items() if getattr(defaults, k) != v)
+        options = cls(**kwargs, explicit=explicit)
         options.validate()
         return options
 

@@ -6,7 +6,7 @@ user, the family's config, the recipe, a global default). `main_export` follows 
 `main_export(..., dry_run=True)` (CLI `--dry_run`) returns and prints it without loading any weights.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .configs import get_export_config
@@ -82,7 +82,7 @@ class ExportPlan:
 
 
 def _explicit(options, name: str) -> bool:
-    return name in getattr(options, "explicit", ())
+    return name in options.explicit
 
 
 def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> Tuple[bool, str]:
@@ -135,21 +135,19 @@ def _resolve_external_weights(options, hf_config, task_spec, quantization, recip
 _SETTING_OF_OPTION = dict.fromkeys(QuantizationSpec.field_names(), "quantization")
 
 
-def _apply_extension_defaults(options, export_config) -> Dict[str, str]:
-    """Sets the defaults the model's extension asks for, except where the user set the option. Returns the sources."""
+def _with_extension_defaults(options, export_config):
+    """`options` with the defaults the model's extension asks for, except where the user set the option (a new
+    value: the caller's options are not changed), and where each came from."""
     defaults = export_config.export_defaults(options.recipe, export_config.task)
     unknown = [name for name in defaults if name not in options.field_names()]
     if unknown:
         raise ValueError(f"{type(export_config).__name__}.export_defaults() names unknown export options {unknown}.")
-    sources = {}
-    for name, value in defaults.items():
-        if _explicit(options, name):
-            continue
-        setattr(options, name, value)
-        sources[_SETTING_OF_OPTION.get(name, name)] = f"{type(export_config).__name__} default"
-    if sources:
-        options.validate()
-    return sources
+    applied = {name: value for name, value in defaults.items() if name not in options.explicit}
+    if not applied:
+        return options, {}
+    options = replace(options, **applied)
+    options.validate()
+    return options, {_SETTING_OF_OPTION.get(name, name): f"{type(export_config).__name__} default" for name in applied}
 
 
 def make_plan(options) -> ExportPlan:
@@ -158,7 +156,7 @@ def make_plan(options) -> ExportPlan:
     hf_config = load_config(options)
     find_extension(hf_config.model_type)
     export_config = get_export_config(hf_config, options.task)
-    extension_sources = _apply_extension_defaults(options, export_config)
+    options, extension_sources = _with_extension_defaults(options, export_config)
     task_spec = get_task(export_config.task)
     recipe = get_recipe(options.recipe)
     max_seq_len = export_config.resolve_max_seq_len(options.max_seq_len)
