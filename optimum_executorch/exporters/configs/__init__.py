@@ -18,7 +18,8 @@ def register_export_config(*model_types: str):
     def wrap(cls: Type[ExportConfig]) -> Type[ExportConfig]:
         for model_type in model_types:
             register(EXPORT_CONFIGS, model_type, cls, "model_type")
-        cls.model_types = tuple(cls.model_types) + tuple(model_types)
+        # Its own model types, not its parent's (Phi3ExportConfig is a DecoderLMExportConfig for phi3 alone).
+        cls.model_types = tuple(cls.__dict__.get("model_types", ())) + tuple(model_types)
         return cls
 
     return wrap
