@@ -265,6 +265,13 @@ def _table(report: dict) -> str:
         f"(runner {_ratio(up['runner_decode_tokens_per_s'])}), prefill {_ratio(up['pte_prefill_tokens_per_s'])} "
         f"(runner {_ratio(up['runner_prefill_tokens_per_s'])})."
     )
+    if "pte_static" in report:
+        st = report["pte_static"]
+        ratio = [r["pte"]["decode_tokens_per_s"] / r["pte_static"]["decode_tokens_per_s"] for r in report["rounds"]]
+        lines.append(
+            f"Static-cache path (--no_custom_sdpa, Python engine): prefill {st['prefill_tokens_per_s']:.0f} tok/s, "
+            f"decode {st['decode_tokens_per_s']:.1f} tok/s; the custom-op path decodes {_ratio(ratio)} as fast."
+        )
     for kind in ("read", "copy"):
         low, high = bw[f"{kind}_range_gb_per_s"]
         lines.append(
@@ -291,6 +298,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed generates per engine and round")
     parser.add_argument("--rounds", type=int, default=3, help="times the engines run in turn")
     parser.add_argument("--json", default="benchmarks/results/causal_lm.json")
+    parser.add_argument("--with_static", action="store_true",
+                        help="also export with --no_custom_sdpa and time that program (Python engine) each round")
     parser.add_argument("--plot", default=None, metavar="FILE.svg", help="also draw the report (benchmarks/chart.py)")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -311,17 +320,24 @@ def main():
         report["export"] = _child("export", args)
     report["export_dir"] = args.export_dir
     report["files"] = _program_files(Path(args.export_dir))
+    engines = {stage: (stage, args) for stage in ENGINES}
+    if args.with_static:  # the same model on the static-cache path, timed beside the others
+        static = argparse.Namespace(**dict(vars(args), export_dir=args.export_dir.rstrip("/") + "_static",
+                                           no_custom_sdpa=True, with_static=False))  # fmt: skip
+        if not (Path(static.export_dir) / "model.pte").is_file():
+            report["export_static"] = _child("export", static)
+        engines["pte_static"] = ("pte", static)
     bandwidth, rounds = [], []
     for index in range(args.rounds):
         results = {}
-        for stage in ENGINES:
-            print(f"round {index + 1}/{args.rounds}: {stage}", file=sys.stderr, flush=True)
+        for name, (stage, stage_args) in engines.items():
+            print(f"round {index + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             bandwidth.append(_child("bandwidth", args))
-            results[stage] = _child(stage, args)
+            results[name] = _child(stage, stage_args)
         rounds.append(results)
     bandwidth.append(_child("bandwidth", args))
     report["rounds"] = rounds
-    report.update({stage: _median_over_rounds([r[stage] for r in rounds]) for stage in ENGINES})
+    report.update({name: _median_over_rounds([r[name] for r in rounds]) for name in engines})
     report["speedups"] = _speedups(rounds)
     report["bandwidth"] = _bandwidth_summary(bandwidth)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +352,7 @@ def main():
 
 STAGES = {"export": run_export, "bandwidth": run_bandwidth, "eager": run_eager, "pte": run_pte, "runner": run_runner}
 ENGINES = ("eager", "pte", "runner")
-FLAGS = ("no_custom_sdpa", "no_custom_kv_cache")
+FLAGS = ("no_custom_sdpa", "no_custom_kv_cache", "with_static")
 
 if __name__ == "__main__":
     main()

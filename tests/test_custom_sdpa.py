@@ -24,12 +24,21 @@ def test_custom_sdpa_matches_eager(model_type, tmp_path):
     assert_generation_matches_eager(src, model, PROMPT, max_new_tokens=20)
 
 
-def test_sliding_window_model_falls_back_to_static_cache(tmp_path):
-    src = save_tiny_model("mistral", tmp_path / "src", sliding_window=16)
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [("mistral", {}), ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]})],
+)
+def test_sliding_window_layers_keep_a_ring_on_the_custom_path(model_type, overrides, tmp_path):
+    """Window 8, context 48: each sliding layer keeps 16 slots, written with update_cache_with_indices and attended
+    with custom_sdpa behind the window mask; a 12-token prompt goes in two calls and 24 new tokens wrap the ring."""
+    src = save_tiny_model(model_type, tmp_path / "src", sliding_window=8, **overrides)
     out = main_export(src, tmp_path / "et", max_seq_len=48)
-    assert json.loads((out / "executorch_config.json").read_text())["custom_sdpa"] is False
-    with pytest.raises(ValueError, match="sliding-window"):
-        main_export(src, tmp_path / "et2", max_seq_len=48, custom_sdpa=True)
+    config = json.loads((out / "executorch_config.json").read_text())
+    assert config["custom_sdpa"] is True and config["metadata"]["get_max_seq_len"] == 8
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert model.max_chunk_len == 8
+    prompt = torch.tensor([[5, 17, 42, 99, 7, 123, 64, 33, 250, 8, 91, 12]])
+    assert_generation_matches_eager(src, model, prompt, max_new_tokens=24)
 
 
 def test_static_cache_path_when_custom_sdpa_is_off(tiny_llama_dir, tmp_path):

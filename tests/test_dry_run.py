@@ -51,8 +51,9 @@ def test_dry_run_says_where_values_came_from(tmp_path, no_weights):
     assert settings["custom_kv_cache"] == {"value": False, "source": "user"}
 
     window = save_tiny_model("mistral", tmp_path / "window", sliding_window=16)
-    settings = _settings(main_export(window, tmp_path / "c", dry_run=True, max_seq_len=48))
-    assert settings["custom_sdpa"]["value"] is False and "whole context" in settings["custom_sdpa"]["source"]
+    plan = main_export(window, tmp_path / "c", dry_run=True, max_seq_len=48)
+    assert _settings(plan)["custom_sdpa"] == {"value": True, "source": "recipe 'xnnpack' default"}
+    assert plan.to_dict()["methods"]["forward"][0]["shape"] == [1, "seq_len 1..16"]  # a ring of 32 slots
 
     encoder = save_tiny_encoder("bert", tmp_path / "bert", task="fill-mask")
     plan = main_export(encoder, tmp_path / "d", dry_run=True, max_seq_len=32)

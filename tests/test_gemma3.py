@@ -8,7 +8,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from optimum.executorch import ExecuTorchModelForCausalLM, main_export
 from optimum_executorch.exporters.wrappers.ring_cache import RingCacheCausalLMExportableModule
-from optimum_executorch.testing import assert_logits_close, keep_whole_character_tokens, load_eager, save_tiny_model
+from optimum_executorch.testing import (
+    assert_generation_matches_eager,
+    assert_logits_close,
+    keep_whole_character_tokens,
+    load_eager,
+    save_tiny_model,
+)
 
 from .conftest import cell
 
@@ -79,17 +85,22 @@ def test_export_records_the_hybrid_cache(exported):
     assert config["export_config"] == "Gemma3TextExtension" and config["cache_layout"] == "hybrid"
     # ExecuTorch's runner contract: at most get_max_seq_len tokens a call, get_max_context_len in all.
     assert config["metadata"]["get_max_seq_len"] == WINDOW and config["metadata"]["get_max_context_len"] == MAX_SEQ_LEN
-    assert config["metadata"]["get_sliding_window"] == WINDOW and config["custom_sdpa"] is False
+    assert config["metadata"]["get_sliding_window"] == WINDOW and config["custom_sdpa"] is True
     assert config["method_inputs"]["forward"][0]["shape"] == [1, f"seq_len 1..{WINDOW}"]
     assert et_model.max_seq_len == MAX_SEQ_LEN and et_model.max_chunk_len == WINDOW
     with pytest.raises(ValueError, match=f"at most {MAX_SEQ_LEN}"):
         et_model.generate(torch.ones((1, MAX_SEQ_LEN), dtype=torch.long), max_new_tokens=1)
 
 
-def test_dry_run_and_custom_sdpa(tmp_path):
+def test_dry_run_and_the_static_ring_path(tmp_path):
+    """The default is custom SDPA (rings in the attention modules); --no_custom_sdpa keeps the wrapper's rings and
+    plain attention, also against eager past the window."""
     src = save_tiny_model("gemma3_text", tmp_path / "model", layer_types=LAYERS[:2], sliding_window=WINDOW)
     plan = main_export(src, tmp_path / "out", dry_run=True, max_seq_len=64).to_dict()
     assert plan["methods"]["forward"][0]["shape"] == [1, f"seq_len 1..{WINDOW}"]
-    assert plan["settings"]["custom_sdpa"]["value"] is False
-    with pytest.raises(ValueError, match="custom_sdpa"):
-        main_export(src, tmp_path / "out", custom_sdpa=True)
+    assert plan["settings"]["custom_sdpa"]["value"] is True
+    out = main_export(src, tmp_path / "static", max_seq_len=MAX_SEQ_LEN, custom_sdpa=False)
+    model = ExecuTorchModelForCausalLM.from_pretrained(out)
+    assert model.executorch_config["custom_sdpa"] is False and model.max_chunk_len == WINDOW
+    prompt = torch.tensor([[5, 17, 42, 99, 7, 123, 64, 33, 250, 8, 91, 12]])
+    assert_generation_matches_eager(src, model, prompt, max_new_tokens=24, rtol=RTOL)

@@ -46,7 +46,7 @@ class ExportPlan:
     def methods(self) -> Dict[str, List[Dict[str, Any]]]:
         """The program's methods and their inputs (dtype, shape with its dynamic dimensions)."""
         wrapper = self.export_config.wrapper_class()
-        return wrapper.input_plan(self.max_seq_len, dtype=self.options.dtype, **self.export_config.wrapper_kwargs())
+        return wrapper.input_plan(self.max_seq_len, dtype=self.options.dtype, **self.wrapper_kwargs())
 
     def to_dict(self) -> Dict[str, Any]:
         values = {
@@ -95,8 +95,7 @@ def _resolve_custom_sdpa(options, recipe, export_config, max_seq_len: int) -> Tu
     if options.custom_sdpa and not supported:
         raise ValueError(
             f"custom_sdpa is not supported for this {export_config.hf_config.model_type} {export_config.task} export: "
-            "it needs causal attention over the whole context (no encoder, no sliding-window layer shorter than "
-            "max_seq_len). Drop --custom_sdpa, or lower --max_seq_len to the window."
+            "it serves causal self-attention over the context or a sliding window of it. Drop --custom_sdpa."
         )
     return options.custom_sdpa, USER
 

@@ -11,9 +11,17 @@ implementation, registered in transformers' `AttentionInterface` (model code is 
   `[0, start_pos + seq)` only, instead of over the whole `max_seq_len` cache behind a mask.
 
 The start position comes from `position_ids`, which the model passes to the attention function.
+
+Sliding-window layers whose window is shorter than the context keep a ring of `2 * window` slots (position `p`
+in slot `p % (2 * window)`; `max_seq_len` slots when that is no more): `llama::update_cache_with_indices` writes
+the new keys/values into their slots in place, and `llama::custom_sdpa` attends over every slot behind a float
+mask built from the positions the slots hold (`ring_positions`), so a sliding layer's
+memory and attention cost stay fixed whatever the context. A call then takes at most `window` tokens, so that no
+token of a call overwrites a position that a query of the same call still attends to.
 """
 
 import importlib
+from typing import List, Optional
 
 import torch
 from transformers import AttentionInterface
@@ -34,7 +42,7 @@ def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     if position_ids is None:
         raise ValueError("executorch_custom_sdpa needs position_ids to locate the new tokens in the cache.")
     start_pos = position_ids[0, 0].item()
-    max_seq_len = module.et_key_cache.shape[1]
+    max_seq_len = module.et_max_seq_len
     torch._check(start_pos >= 0)
     torch._check(start_pos < max_seq_len)
     torch._check(start_pos + query.shape[2] <= max_seq_len)
@@ -44,6 +52,11 @@ def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     q = query.transpose(1, 2).to(compute)
     k = key.transpose(1, 2).to(module.et_key_cache.dtype)
     v = value.transpose(1, 2).to(module.et_value_cache.dtype)
+    if (kwargs.get("sliding_window") or None) != (module.et_window or None) and module.et_window is not None:
+        raise ValueError(f"Layer {module.layer_idx}: sliding window {kwargs.get('sliding_window')} at run time, "
+                         f"{module.et_window} when its cache was made.")  # fmt: skip
+    if module.et_window is not None:
+        return _ring_attention(module, q, k, v, position_ids[0], scaling).to(dtype), None
     if module.et_custom_kv_cache:
         torch.ops.llama.update_cache(k, module.et_key_cache, start_pos)
         torch.ops.llama.update_cache(v, module.et_value_cache, start_pos)
@@ -55,6 +68,29 @@ def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
         q, module.et_key_cache, module.et_value_cache, start_pos, None, 0.0, True, scaling
     )
     return output.to(dtype), None
+
+
+def ring_positions(last_position: torch.Tensor, size: int) -> torch.Tensor:
+    """The position each of `size` ring slots holds after a write ending at `last_position` (negative: empty)."""
+    slots = torch.arange(size, dtype=torch.long)
+    return last_position - torch.remainder(last_position - slots, size)
+
+
+def _ring_attention(module, q, k, v, positions, scaling):
+    """A sliding-window layer: the new keys/values into their ring slots, then attention over every slot behind the
+    window mask of each query position."""
+    size = module.et_key_cache.shape[1]
+    slots = torch.remainder(positions, size).reshape(1, -1)
+    torch.ops.llama.update_cache_with_indices(k, module.et_key_cache, 0, slots)
+    torch.ops.llama.update_cache_with_indices(v, module.et_value_cache, 0, slots)
+    held = ring_positions(positions[-1], size).reshape(1, -1)
+    query = positions.reshape(-1, 1)
+    visible = (held >= 0) & (held <= query) & (query - held < module.et_window)
+    mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill(~visible, float("-inf"))
+    # custom_sdpa attends over the first start_pos + seq slots: all of them.
+    start = size - q.shape[1]
+    torch._check(start >= 0)
+    return torch.ops.llama.custom_sdpa(q, module.et_key_cache, module.et_value_cache, start, mask, 0.0, False, scaling)
 
 
 def _no_mask(*args, **kwargs):
@@ -88,19 +124,41 @@ def _kv_heads(module, text_config) -> int:
     return text_config.num_attention_heads // groups if groups else text_config.num_attention_heads
 
 
-def install_custom_sdpa(model, max_seq_len: int, custom_kv_cache: bool = True) -> int:
-    """Adds `[1, max_seq_len, kv_heads, head_dim]` cache buffers to each attention module and switches
-    the model to the custom attention. `custom_kv_cache=False` updates the cache with `index_copy_`
-    instead of `llama::update_cache`. Returns the number of attention modules changed."""
+def sliding_window_of(module, text_config, max_seq_len: int) -> Optional[int]:
+    """The window of an attention module if it is a sliding-window layer whose window is shorter than the context
+    (its own `sliding_window`, else its `layer_types` entry, else the config's), or None."""
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    elif getattr(text_config, "layer_types", None):
+        sliding = text_config.layer_types[module.layer_idx] == "sliding_attention"
+        window = text_config.sliding_window if sliding else None
+    else:
+        window = getattr(text_config, "sliding_window", None)
+    return window if window and window < max_seq_len else None
+
+
+def ring_chunk_len(max_seq_len: int, window: Optional[int]) -> int:
+    """The most tokens a call takes when sliding layers of `window` keep a ring of `2 * window` slots."""
+    return window if window and 2 * window < max_seq_len else max_seq_len - 1
+
+
+def install_custom_sdpa(model, max_seq_len: int, custom_kv_cache: bool = True) -> List[Optional[int]]:
+    """Adds `[1, slots, kv_heads, head_dim]` cache buffers to each attention module (`max_seq_len` slots, or a ring
+    for a sliding-window layer) and switches the model to the custom attention. `custom_kv_cache=False` updates the
+    full-length caches with `index_copy_` instead of `llama::update_cache`. Returns each changed module's window
+    (None: full attention)."""
     _load_custom_ops()
     _register()
     text_config = model.config.get_text_config()
     cache_dtype = model.dtype if model.dtype in (torch.float32, torch.bfloat16) else torch.float32
     modules = _attention_modules(model)
     for module in modules:
-        shape = (1, max_seq_len, _kv_heads(module, text_config), _head_dim(module))
+        module.et_window = sliding_window_of(module, text_config, max_seq_len)
+        module.et_max_seq_len = max_seq_len
+        slots = min(2 * module.et_window, max_seq_len) if module.et_window else max_seq_len
+        shape = (1, slots, _kv_heads(module, text_config), _head_dim(module))
         module.register_buffer("et_key_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
         module.register_buffer("et_value_cache", torch.zeros(shape, dtype=cache_dtype), persistent=False)
         module.et_custom_kv_cache = custom_kv_cache
     model.set_attn_implementation(CUSTOM_SDPA)
-    return len(modules)
+    return [module.et_window for module in modules]

@@ -44,12 +44,16 @@ class ExportConfig:
         return {"attn_implementation": "sdpa"}
 
     def supports_custom_sdpa(self, max_seq_len: int) -> bool:
-        """Whether every layer attends causally over the whole context, as `custom_sdpa` does."""
+        """Whether ExecuTorch's `custom_sdpa` serves every attention layer: causal over the whole context, or over a
+        sliding window of it (from a ring cache, see `attention/custom_sdpa.py`)."""
+        return True
+
+    def sliding_window(self) -> Optional[int]:
+        """The window of the model's sliding-window layers, or None if it has none."""
         layer_types = getattr(self.text_config, "layer_types", None)
-        if layer_types:
-            return all(t == "full_attention" for t in layer_types)
-        window = getattr(self.text_config, "sliding_window", None)
-        return window is None or window >= max_seq_len
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            return None
+        return getattr(self.text_config, "sliding_window", None) or None
 
     def patch_model(self, model) -> contextlib.AbstractContextManager:
         """A context manager in which `model` can be exported (modules swapped for export-friendly ones). Every

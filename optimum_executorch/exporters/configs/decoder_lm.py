@@ -24,7 +24,7 @@ class DecoderLMExportConfig(ExportConfig):
     def wrapper_kwargs(self):
         if self.task == "feature-extraction":  # the encoder wrapper: forward(input_ids, attention_mask)
             return {"input_names": ["input_ids", "attention_mask"], "output_name": "last_hidden_state"}
-        return super().wrapper_kwargs()
+        return dict(super().wrapper_kwargs(), sliding_window=self.sliding_window())
 
 
 @register_export_config("phi3")

@@ -7,7 +7,7 @@ Only the logits of the last position are returned: that is all generation needs,
 output buffer stays `vocab` floats instead of `max_seq_len * vocab`.
 """
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from transformers import StaticCache
@@ -51,15 +51,27 @@ class CausalLMExportableModule(torch.nn.Module):
 
     method_names = ("forward",)
 
-    def __init__(self, model, max_seq_len: int, custom_sdpa: bool = False, custom_kv_cache: bool = True):
+    def __init__(
+        self,
+        model,
+        max_seq_len: int,
+        custom_sdpa: bool = False,
+        custom_kv_cache: bool = True,
+        sliding_window: Optional[int] = None,
+    ):
         super().__init__()
         self.model = model
         self.max_seq_len = max_seq_len
         self.custom_sdpa = custom_sdpa
+        self.sliding_window = sliding_window
         if custom_sdpa:
             from ..attention import install_custom_sdpa
 
-            install_custom_sdpa(model, max_seq_len, custom_kv_cache=custom_kv_cache)
+            windows = install_custom_sdpa(model, max_seq_len, custom_kv_cache=custom_kv_cache)
+            chunk = min((w for w in windows if w and 2 * w < max_seq_len), default=max_seq_len - 1)
+            if chunk < self.max_chunk_len:  # a call longer than a ring's window would overwrite what it attends to
+                raise ValueError(f"Sliding-window layers of window {chunk} need sliding_window={chunk} (got "
+                                 f"{sliding_window}) to bound the tokens a call takes.")  # fmt: skip
             return
         text_config = model.config.get_text_config()
         self.cache = StaticCache(config=text_config, max_cache_len=max_seq_len)
@@ -78,13 +90,17 @@ class CausalLMExportableModule(torch.nn.Module):
         return not self.custom_sdpa
 
     @classmethod
-    def chunk_len_for(cls, max_seq_len: int, **wrapper_kwargs) -> int:
-        """The most tokens one call takes (a longer prompt is fed in chunks); subclasses may take fewer."""
-        return max_seq_len - 1
+    def chunk_len_for(cls, max_seq_len: int, custom_sdpa: bool = False, sliding_window: Optional[int] = None,
+                      **wrapper_kwargs) -> int:  # fmt: skip
+        """The most tokens one call takes (a longer prompt is fed in chunks): with custom SDPA, sliding-window layers
+        keep a ring that takes at most `sliding_window` tokens a call (`attention/custom_sdpa.py`)."""
+        from ..attention.custom_sdpa import ring_chunk_len
+
+        return ring_chunk_len(max_seq_len, sliding_window) if custom_sdpa else max_seq_len - 1
 
     @property
     def max_chunk_len(self) -> int:
-        return self.chunk_len_for(self.max_seq_len)
+        return self.chunk_len_for(self.max_seq_len, self.custom_sdpa, self.sliding_window)
 
     def cache_layer(self, index: int, text_config):
         """The cache of layer `index`. transformers' sliding-window layer holds only the last `window` positions
@@ -148,7 +164,8 @@ class CausalLMExportableModule(torch.nn.Module):
         if bos is None:
             bos = getattr(text_config, "bos_token_id", None)
         metadata = {
-            contract.MAX_SEQ_LEN: self.max_seq_len,
+            # ExecuTorch's runner feeds at most get_max_seq_len tokens a call, get_max_context_len in all.
+            contract.MAX_SEQ_LEN: self.max_seq_len if self.max_chunk_len == self.max_seq_len - 1 else self.max_chunk_len,
             contract.MAX_CONTEXT_LEN: self.max_seq_len,
             contract.VOCAB_SIZE: int(text_config.vocab_size),
             contract.N_LAYERS: int(text_config.num_hidden_layers),

@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import StaticLayer
 
 from ... import contract
+from ..attention.custom_sdpa import ring_chunk_len, ring_positions
 from .causal_lm import CausalLMExportableModule, causal_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -38,12 +39,6 @@ class RingLayer(StaticLayer):
         return self.keys, self.values
 
 
-def ring_positions(last_position: torch.Tensor, size: int) -> torch.Tensor:
-    """The position each of `size` ring slots holds after a write ending at `last_position` (negative: empty)."""
-    slots = torch.arange(size, dtype=torch.long)
-    return last_position - torch.remainder(last_position - slots, size)
-
-
 class RingCacheCausalLMExportableModule(CausalLMExportableModule):
     """A `CausalLMExportableModule` whose sliding-window layers keep a ring buffer of `2 * sliding_window` slots.
 
@@ -51,25 +46,16 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
         model: the eager model; it must take a dict of masks keyed by layer type as `attention_mask` (the
             transformers models with `config.layer_types` do).
         max_seq_len: the context: prompt + generated tokens (the full-attention layers' cache length).
-        sliding_window: the window of the sliding layers.
         layer_types: `config.layer_types` (`sliding_attention` / `full_attention` per layer).
+        kwargs: `CausalLMExportableModule`'s (`sliding_window`: the window of the sliding layers; `custom_sdpa`).
     """
 
-    def __init__(
-        self,
-        model,
-        max_seq_len: int,
-        custom_sdpa: bool = False,
-        custom_kv_cache: bool = True,
-        sliding_window: Optional[int] = None,
-        layer_types: Sequence[str] = (),
-    ):
-        if custom_sdpa:
-            raise ValueError("custom_sdpa attends over one full-length cache; ring-buffer layers use plain SDPA.")
-        self.sliding_window = sliding_window
+    def __init__(self, model, max_seq_len: int, layer_types: Sequence[str] = (), **kwargs):
         self.layer_types = list(layer_types)
-        self.ring_size = self.ring_size_for(max_seq_len, sliding_window)
-        super().__init__(model, max_seq_len)
+        # With custom SDPA, the attention modules keep their own rings (attention/custom_sdpa.py).
+        custom = kwargs.get("custom_sdpa", False)
+        self.ring_size = None if custom else self.ring_size_for(max_seq_len, kwargs.get("sliding_window"))
+        super().__init__(model, max_seq_len, **kwargs)
 
     @staticmethod
     def ring_size_for(max_seq_len: int, sliding_window: Optional[int]) -> Optional[int]:
@@ -77,12 +63,9 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
         return 2 * sliding_window if sliding_window and 2 * sliding_window < max_seq_len else None
 
     @classmethod
-    def chunk_len_for(cls, max_seq_len: int, sliding_window: Optional[int] = None, **kwargs) -> int:
-        return sliding_window if cls.ring_size_for(max_seq_len, sliding_window) else max_seq_len - 1
-
-    @property
-    def max_chunk_len(self) -> int:
-        return self.chunk_len_for(self.max_seq_len, self.sliding_window)
+    def chunk_len_for(cls, max_seq_len: int, custom_sdpa: bool = False, sliding_window: Optional[int] = None,
+                      **kwargs) -> int:  # fmt: skip
+        return ring_chunk_len(max_seq_len, sliding_window)  # a ring on either path
 
     def cache_layer(self, index: int, text_config):
         if self.ring_size and self.layer_types[index] == SLIDING:
@@ -101,7 +84,5 @@ class RingCacheCausalLMExportableModule(CausalLMExportableModule):
     def metadata(self, generation_config) -> Dict[str, Any]:
         # ExecuTorch's runner feeds at most get_max_seq_len tokens a call, get_max_context_len in all.
         metadata = super().metadata(generation_config)
-        if self.ring_size:
-            metadata[contract.MAX_SEQ_LEN] = self.max_chunk_len
         metadata[contract.SLIDING_WINDOW] = int(self.sliding_window or 0)
         return metadata
