@@ -17,6 +17,17 @@ SHAPES = {
         rope_theta=1000000.0, query_pre_attn_scalar=256, tie_word_embeddings=True,
         layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
     ),
+    # Llama 3.2 1B / 3B (issue 36's memory targets; save them with --dtype bfloat16, as released).
+    "llama-3.2-1b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rope_theta=500000.0, tie_word_embeddings=True,
+    ),
+    "llama-3.2-3b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rope_theta=500000.0, tie_word_embeddings=True,
+    ),
 }
 
 
