@@ -37,6 +37,7 @@ from .plan import ExportPlan, make_plan
 from .quantizer import quantize
 from .sentencepiece_model import write_sentencepiece_model
 from .tokenizer_check import check_runner_tokenizer
+from .weights import widen
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def main_export(
         with stage("load"):
             eager, preprocessors = load_stage(plan)
     with stage("quantize"):
-        quantized_layers = quantize(eager, plan.quantization, preprocessors.get("tokenizer")) if plan.quantization.enabled else {}
+        quantized_layers = quantize_stage(plan, eager, preprocessors.get("tokenizer"))
     with stage("export"):
         wrapper, programs, constant_methods = export_stage(plan, eager)
     with stage("lower"):
@@ -158,8 +159,17 @@ def load_stage(plan: ExportPlan) -> Tuple[Any, Dict[str, Any]]:
     logger.info("Loading '%s' (%s, task %s)...", options.model, plan.hf_config.model_type, task_spec.name)
     # Preprocessors first: a damaged tokenizer fails the export before the weights are read.
     preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
-    eager = load_model(options, task_spec.load_auto_class(), plan.export_config.model_load_kwargs())
+    eager = load_model(options, task_spec.load_auto_class(), plan.export_config.model_load_kwargs(), plan.hf_config)
     return eager, preprocessors
+
+
+def quantize_stage(plan: ExportPlan, eager, tokenizer) -> Dict[str, int]:
+    """Quantizes the eager model as planned, and widens what a checkpoint loaded in its narrower stored dtype still
+    holds in it (`weights.py`). Returns how many layers got each treatment."""
+    dtype = getattr(torch, plan.options.dtype)
+    quantized_layers = quantize(eager, plan.quantization, tokenizer, dtype) if plan.quantization.enabled else {}
+    widen(eager, dtype)
+    return quantized_layers
 
 
 def export_stage(plan: ExportPlan, eager) -> Tuple[Any, Dict[str, Any], Dict[str, Any]]:

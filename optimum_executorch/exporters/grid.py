@@ -27,6 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .quantized_tensors import write_quantized_values
+from .weights import release_pages
 
 # GGUF's 4-bit and 8-bit blocks (Q4_0, Q4_1, Q8_0) hold 32 weights.
 GGUF_GROUP_SIZE = 32
@@ -91,7 +92,7 @@ def _solve(weight, group_size):
 def on_8bit_grid(weight: torch.Tensor, group_size: int = GGUF_GROUP_SIZE) -> bool:
     """Whether every group of `weight` [N, K] is `d * q` with integer q in -127..127 (a dequantized GGUF Q8_0)."""
     rows, cols = weight.shape
-    if cols % group_size or not bool(weight.detach().abs().amax() > 0):
+    if cols % group_size or not (bool(weight.detach().amax() > 0) or bool(weight.detach().amin() < 0)):  # no |w| copy
         return False
     for part in (weight[:_PROBE_ROWS], weight):
         groups = part.detach().float().reshape(part.shape[0], -1, group_size)
@@ -166,7 +167,10 @@ class GroupMeans:
 
 def find_grids(linears: Dict[str, torch.nn.Module], group_size: int) -> Dict[str, tuple]:
     """The linears (name -> module) whose float weights are on a 4-bit grid of `group_size`: name -> find_grid's."""
-    found = {name: find_grid(linear.weight, group_size) for name, linear in linears.items()}
+    found = {}
+    for name, linear in linears.items():
+        found[name] = find_grid(linear.weight, group_size)
+        release_pages(linear.weight)  # read again when quantized; meanwhile not resident (weights.py)
     return {name: grid for name, grid in found.items() if grid is not None}
 
 

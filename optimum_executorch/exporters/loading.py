@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from .weights import float32_buffers, load_dtype, restore_computed_buffers
+
 logger = logging.getLogger(__name__)
 
 
@@ -148,14 +150,18 @@ def _is_unreadable_weights(err: Exception) -> bool:
     return isinstance(err, RuntimeError) and any(s in str(err) for s in ("PytorchStreamReader", "zip archive"))
 
 
-def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
-    """Loads the eager model in eval mode with the requested dtype."""
+def load_model(options, auto_class, load_kwargs: Dict[str, Any], config=None):
+    """Loads the eager model in eval mode with the requested dtype.
+
+    With `config` (the checkpoint's), an fp32 export of a 16-bit checkpoint loads it in its stored dtype: the weights
+    stay views of the mapped file until `weights.widen` casts them, layer by layer (see `weights.py`)."""
     source, kwargs = _source(options)
     kwargs.update(load_kwargs)
     dtype = getattr(torch, options.dtype)
+    load_as = dtype if config is None or "gguf_file" in kwargs else load_dtype(config, dtype)
     try:
         model, info = auto_class.from_pretrained(
-            source, dtype=dtype, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs
+            source, dtype=load_as, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs
         )
     except Exception as err:
         if isinstance(err, RuntimeError) and "ignore_mismatched_sizes" in str(err):
@@ -183,6 +189,10 @@ def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
             "on them mean nothing until the model is fine-tuned. Export a checkpoint trained for this task.",
             len(missing), type(model).__name__, options.model, ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else ""),
         )
+    if load_as != dtype:
+        restore_computed_buffers(model, float32_buffers(auto_class, model.config, options.trust_remote_code))
+        model.config.dtype = dtype  # what the export computes in, as a load in `dtype` records it
+        logger.info("Loaded in %s, as stored; widened to %s layer by layer.", str(load_as)[6:], options.dtype)
     # Inference only. A checkpoint quantized by torchao loads as tensor-subclass parameters that require grad,
     # which torch.export cannot unwrap (its int8 data cannot require grad).
     model.requires_grad_(False)

@@ -22,10 +22,13 @@ from .quantization import (
     LINEAR_SCHEMES,
     QuantizationSpec,
 )
+from .weights import release_pages, widen
 
 logger = logging.getLogger(__name__)
 
 _MIN_4BIT_GROUP = 32
+# Weights above this many elements are quantized in blocks of rows (`_quantize_by_rows`): 64 MB of fp32 at a time.
+_CHUNK_WEIGHTS = 1 << 24
 
 
 @dataclass
@@ -39,20 +42,21 @@ class _Linears:
     layouts: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # name -> (bits, group size or 0)
 
 
-def quantize(model, spec: QuantizationSpec, tokenizer=None) -> Dict[str, int]:
+def quantize(model, spec: QuantizationSpec, tokenizer=None, dtype: Optional[torch.dtype] = None) -> Dict[str, int]:
     """Quantizes `model` in place. Returns how many layers got each treatment. `tokenizer` reads
-    `spec.calibration_data` for GPTQ."""
+    `spec.calibration_data` for GPTQ. `dtype`: the export's, to which a model loaded in a narrower stored dtype is
+    widened layer by layer as it is quantized (`weights.py`)."""
     if spec.qlinear is not None and spec.qlinear not in LINEAR_SCHEMES:
         raise ValueError(f"qlinear '{spec.qlinear}' has no kernels in any recipe (see `Recipe.check_quantization`).")
     summary: Dict[str, int] = {}
-    linears = _choose_linears(model, spec)
+    linears = _choose_linears(model, spec, dtype)
     hessians = _calibrate(model, spec, linears, tokenizer)
     if hessians:
         summary["linear_gptq"] = len(hessians)
     if spec.qembedding:
-        _quantize_embeddings(model, spec, summary)
+        _quantize_embeddings(model, spec, summary, dtype)
     if spec.qlinear:
-        _quantize_linears(model, spec, linears, summary)
+        _quantize_linears(model, spec, linears, summary, dtype)
     if hessians:
         from .gptq import requantize
 
@@ -71,11 +75,13 @@ def quantize(model, spec: QuantizationSpec, tokenizer=None) -> Dict[str, int]:
     return summary
 
 
-def _choose_linears(model, spec: QuantizationSpec) -> _Linears:
+def _choose_linears(model, spec: QuantizationSpec, dtype: Optional[torch.dtype]) -> _Linears:
     if not spec.qlinear:
         return _Linears()
     linears = _Linears(eight_bit=_linears_kept_at_8_bits(model, spec))
     linears.grids = _grids_to_keep(model, spec, linears.eight_bit)
+    if dtype is not None and (spec.qlinear_method == "gptq" or spec.qlinear_method == "auto" and linears.grids):
+        widen(model, dtype)  # GPTQ calibrates on the whole float model
     linears.gptq, linears.calibration_length = _gptq_linears(model, spec, linears.grids, linears.eight_bit)
     return linears
 
@@ -96,7 +102,7 @@ def _calibrate(model, spec: QuantizationSpec, linears: _Linears, tokenizer) -> D
         return {}
 
 
-def _quantize_embeddings(model, spec: QuantizationSpec, summary: Dict[str, int]) -> None:
+def _quantize_embeddings(model, spec: QuantizationSpec, summary: Dict[str, int], dtype: Optional[torch.dtype]) -> None:
     """Token embedding tables only (the input embedding and its tied copies): small position or bias tables (T5's
     relative attention buckets) stay in float."""
     from torchao.quantization import IntxWeightOnlyConfig
@@ -107,12 +113,13 @@ def _quantize_embeddings(model, spec: QuantizationSpec, summary: Dict[str, int])
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             module.padding_idx = None  # only matters for training; the quantized embedding kernels take none
-    dtype = getattr(torch, f"int{EMBEDDING_SCHEMES[spec.qembedding]}")
+    bits = getattr(torch, f"int{EMBEDDING_SCHEMES[spec.qembedding]}")
     _quantize_layers(model, "embedding", tables, spec.qembedding_group_size,
-                     lambda g: IntxWeightOnlyConfig(weight_dtype=dtype, granularity=g), summary)  # fmt: skip
+                     lambda g: IntxWeightOnlyConfig(weight_dtype=bits, granularity=g), summary, dtype)  # fmt: skip
 
 
-def _quantize_linears(model, spec: QuantizationSpec, linears: _Linears, summary: Dict[str, int]) -> None:
+def _quantize_linears(model, spec: QuantizationSpec, linears: _Linears, summary: Dict[str, int],
+                      dtype: Optional[torch.dtype]) -> None:  # fmt: skip
     bits = LINEAR_SCHEMES[spec.qlinear]
     all_linears = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
     # XNNPACK's 4-bit kernels take groups of a multiple of 32 inputs, and a per-channel 4-bit weight is one group
@@ -128,9 +135,9 @@ def _quantize_linears(model, spec: QuantizationSpec, linears: _Linears, summary:
     eight_bit = {name: m for name, m in all_linears.items() if m in linears.eight_bit or name in too_small}
     rest = {name: m for name, m in all_linears.items() if name not in eight_bit}
     if eight_bit:
-        layouts = _quantize_layers(model, "linear_8bit", eight_bit, 0, _linear_config(8), summary)
+        layouts = _quantize_layers(model, "linear_8bit", eight_bit, 0, _linear_config(8), summary, dtype)
         linears.layouts.update({name: (8, group) for name, group in layouts.items()})
-    layouts = _quantize_layers(model, "linear", rest, spec.qlinear_group_size, _linear_config(bits), summary)
+    layouts = _quantize_layers(model, "linear", rest, spec.qlinear_group_size, _linear_config(bits), summary, dtype)
     linears.layouts.update({name: (bits, group) for name, group in layouts.items()})
 
 
@@ -142,9 +149,10 @@ def _linear_config(bits: int):
 
 
 def _quantize_layers(model, kind: str, layers: Dict[str, torch.nn.Module], group_size: int, make_config,
-                     summary: Dict[str, int]) -> Dict[str, int]:  # fmt: skip
+                     summary: Dict[str, int], dtype: Optional[torch.dtype] = None) -> Dict[str, int]:  # fmt: skip
     """Quantizes `layers` (name -> module) with `make_config(granularity)`, in groups of `group_size` input channels
-    where that divides the layer's inputs, else per channel. Returns each layer's group size (0: per channel)."""
+    where that divides the layer's inputs, else per channel; each widened to `dtype` first when given. Returns each
+    layer's group size (0: per channel)."""
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
 
@@ -154,12 +162,45 @@ def _quantize_layers(model, kind: str, layers: Dict[str, torch.nn.Module], group
         chosen[name] = group_size if group_size and size % group_size == 0 else 0
         if group_size and not chosen[name]:
             logger.info("%s '%s' (%d inputs): group size %d does not fit, per-channel.", kind, name, size, group_size)
+    # One layer at a time, so that only that layer's float weight is widened (`weights.py`) while it is quantized.
+    for name, module in layers.items():
+        old = module.weight
+        config = make_config(PerGroup(chosen[name]) if chosen[name] else PerAxis(0))
+        if old.shape[0] * old.shape[1] > _CHUNK_WEIGHTS:
+            _quantize_by_rows(module, config, dtype or old.dtype)
+        else:
+            if dtype is not None:
+                widen(module, dtype, root=model)
+            quantize_(model, config, filter_fn=lambda m, fqn, name=name: fqn == name)
+        release_pages(old)
     for group in sorted(set(chosen.values())):
-        names = {name for name, g in chosen.items() if g == group}
-        granularity = PerGroup(group) if group else PerAxis(0)
-        quantize_(model, make_config(granularity), filter_fn=lambda m, fqn, names=names: fqn in names)
-        summary[f"{kind}_{'group' + str(group) if group else 'per_channel'}"] = len(names)
+        summary[f"{kind}_{'group' + str(group) if group else 'per_channel'}"] = sum(g == group for g in chosen.values())
     return chosen
+
+
+def _quantize_by_rows(module, config, dtype: torch.dtype) -> None:
+    """Quantizes the weight of a large linear or embedding (an LM head, a token table: 128256 x 2048 in Llama-3.2-1B)
+    in blocks of rows, each widened to `dtype` and quantized alone, and joins the blocks' torchao tensors: every
+    quantization here groups within a row, so the result is the one a single pass gives, without the pass's
+    temporaries of the whole table (~4 fp32 copies, 4 GB for Llama-3.2-1B's)."""
+    from torchao.quantization import quantize_
+
+    weight, parts = module.weight, []
+    rows_per_block = max(1, _CHUNK_WEIGHTS // weight.shape[1])
+    for start in range(0, weight.shape[0], rows_per_block):
+        rows = weight[start : start + rows_per_block]
+        if isinstance(module, torch.nn.Embedding):
+            block = torch.nn.Embedding(rows.shape[0], rows.shape[1], device="meta")
+        else:
+            block = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+        block.weight = torch.nn.Parameter(rows.detach().to(dtype), requires_grad=False)
+        quantize_(block, config, filter_fn=lambda m, fqn: m is block)
+        release_pages(rows)
+        parts.append(block.weight)
+    kind = type(parts[0])
+    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in kind.tensor_data_names}
+    attributes = [getattr(parts[0], name) for name in kind.tensor_attribute_names]
+    module.weight = torch.nn.Parameter(kind(*joined.values(), *attributes), requires_grad=False)
 
 
 def _gptq_linears(model, spec: QuantizationSpec, grids, eight_bit) -> Tuple[Dict[str, Any], Optional[int]]:
@@ -204,7 +245,7 @@ def _grids_to_keep(model, spec: QuantizationSpec, eight_bit) -> dict:
             GGUF_GROUP_SIZE, group_size, GGUF_GROUP_SIZE,
         )  # fmt: skip
     stored_at_8 = sorted({name.rsplit(".", 1)[-1] for name, m in linears.items()
-                          if name not in grids and on_8bit_grid(m.weight)})  # fmt: skip
+                          if name not in grids and _read_once(on_8bit_grid, m.weight)})  # fmt: skip
     if stored_at_8:
         logger.warning(
             "Linears stored at 8 bits in the checkpoint (e.g. a GGUF Q8_0 tensor) are rounded to 4: %s. To keep "
@@ -213,6 +254,15 @@ def _grids_to_keep(model, spec: QuantizationSpec, eight_bit) -> dict:
             "decode ~9%% slower).", ", ".join(stored_at_8), " ".join(stored_at_8),
         )  # fmt: skip
     return grids
+
+
+def _read_once(check, weight: torch.Tensor):
+    """`check(weight)`, then the file pages it read handed back (`weights.py`): the checks read every weight once
+    before quantization reads them again."""
+    try:
+        return check(weight)
+    finally:
+        release_pages(weight)
 
 
 def _linears_kept_at_8_bits(model, spec: QuantizationSpec) -> set:
