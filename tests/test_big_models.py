@@ -31,14 +31,14 @@ def _save_bf16(model_type, directory, **overrides):
 def test_streamed_load_gives_the_fp32_model(tmp_path):
     """Every parameter and buffer equals a load in fp32, the computed ones included (Gemma's sqrt(80) embedding
     scale is not a bfloat16 number), and the tied LM head stays tied."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from optimum_executorch.exporters.loading import load_model
     from optimum_executorch.exporters.weights import widen
 
     src = _save_bf16("gemma", tmp_path, hidden_size=80, tie_word_embeddings=True)
     options = ExportOptions(model=src)
-    streamed = load_model(options, AutoModelForCausalLM, {}, AutoConfig.from_pretrained(src))
+    streamed = load_model(options, AutoModelForCausalLM, {})
     assert streamed.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16  # loaded as stored
     widen(streamed, torch.float32)
     reference = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -49,6 +49,23 @@ def test_streamed_load_gives_the_fp32_model(tmp_path):
         assert actual[name].dtype == torch.float32 and torch.equal(actual[name], tensor), name
     assert streamed.lm_head.weight is streamed.model.embed_tokens.weight
     assert streamed.config.dtype == torch.float32
+
+
+def test_only_a_checkpoint_stored_in_16_bits_throughout_is_loaded_as_stored(tmp_path):
+    """The files decide, not config.json (which may say bfloat16 over fp32 weights): a mixed or fp32 checkpoint
+    loads in fp32, and a bf16 export loads as asked."""
+    from transformers import AutoModelForCausalLM
+
+    from optimum_executorch.exporters.loading import load_model
+
+    src = save_tiny_model("llama", tmp_path / "fp32")  # fp32 weights
+    config = json.loads((tmp_path / "fp32" / "config.json").read_text())
+    (tmp_path / "fp32" / "config.json").write_text(json.dumps(dict(config, dtype="bfloat16")))
+    model = load_model(ExportOptions(model=src), AutoModelForCausalLM, {})
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
+    bf16 = _save_bf16("llama", tmp_path / "bf16")
+    model = load_model(ExportOptions(model=bf16, dtype="float16"), AutoModelForCausalLM, {})
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float16
 
 
 @pytest.mark.parametrize("qlinear, group_size", [("8da4w", 32), ("8da4w", 0), ("8da8w", 0)])

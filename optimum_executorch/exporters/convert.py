@@ -170,7 +170,7 @@ def load_stage(plan: ExportPlan) -> Tuple[Any, Dict[str, Any]]:
     logger.info("Loading '%s' (%s, task %s)...", options.model, plan.hf_config.model_type, task_spec.name)
     # Preprocessors first: a damaged tokenizer fails the export before the weights are read.
     preprocessors = {kind: load_preprocessor(options, kind) for kind in task_spec.preprocessors}
-    eager = load_model(options, task_spec.load_auto_class(), plan.export_config.model_load_kwargs(), plan.hf_config)
+    eager = load_model(options, task_spec.load_auto_class(), plan.export_config.model_load_kwargs())
     return eager, preprocessors
 
 

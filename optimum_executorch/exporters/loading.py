@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .weights import float32_buffers, load_dtype, restore_computed_buffers
+from .weights import float32_buffers, load_dtype, restore_computed_buffers, safetensors_dtypes
 
 logger = logging.getLogger(__name__)
 
@@ -150,15 +150,38 @@ def _is_unreadable_weights(err: Exception) -> bool:
     return isinstance(err, RuntimeError) and any(s in str(err) for s in ("PytorchStreamReader", "zip archive"))
 
 
-def load_model(options, auto_class, load_kwargs: Dict[str, Any], config=None):
+def _stored_dtypes(options) -> Optional[set]:
+    """The dtypes of the checkpoint's tensors from its safetensors headers (a local directory's files, or the Hub's
+    metadata of a repo), or `None` when unknown: GGUF, `.bin` weights, offline, a Hub subfolder."""
+    source, kwargs = _source(options)
+    if "gguf_file" in kwargs:
+        return None
+    directory = os.path.join(source, options.subfolder) if options.subfolder else source
+    if os.path.isdir(directory):
+        names = os.listdir(directory)
+        files = [os.path.join(directory, n) for n in names if n.endswith(".safetensors")]
+        if not files or any(n.endswith(".bin") for n in names):
+            return None
+        return set().union(*(safetensors_dtypes(f) for f in files))
+    if options.subfolder or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or options.local_files_only:
+        return None
+    try:
+        from huggingface_hub import get_safetensors_metadata
+
+        return set(get_safetensors_metadata(source, revision=options.revision, token=options.token).parameter_count)
+    except Exception:  # not a safetensors repo, no network: load as asked
+        return None
+
+
+def load_model(options, auto_class, load_kwargs: Dict[str, Any]):
     """Loads the eager model in eval mode with the requested dtype.
 
-    With `config` (the checkpoint's), an fp32 export of a 16-bit checkpoint loads it in its stored dtype: the weights
-    stay views of the mapped file until `weights.widen` casts them, layer by layer (see `weights.py`)."""
+    An fp32 export of a checkpoint stored in bf16 or fp16 loads it as stored: the weights stay views of the mapped
+    file until `weights.widen` casts them, layer by layer (see `weights.py`)."""
     source, kwargs = _source(options)
     kwargs.update(load_kwargs)
     dtype = getattr(torch, options.dtype)
-    load_as = dtype if config is None or "gguf_file" in kwargs else load_dtype(config, dtype)
+    load_as = load_dtype(_stored_dtypes(options), dtype)
     try:
         model, info = auto_class.from_pretrained(
             source, dtype=load_as, trust_remote_code=options.trust_remote_code, output_loading_info=True, **kwargs

@@ -27,19 +27,30 @@ _MADV_DONTNEED = 4
 _WIDENED_FROM = (torch.bfloat16, torch.float16)
 
 
-def stored_dtype(config) -> Optional[torch.dtype]:
-    """The floating dtype the checkpoint's config says its weights are stored in, if it says one."""
-    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if isinstance(value, str):
-        value = getattr(torch, value.replace("torch.", ""), None)
-    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
+# safetensors' names of the floating dtypes a checkpoint can be widened from.
+_STORED_16_BIT = {"BF16": torch.bfloat16, "F16": torch.float16}
 
 
-def load_dtype(config, dtype: torch.dtype) -> torch.dtype:
-    """The dtype to load a checkpoint in for an export in `dtype`: its stored 16-bit dtype when the export widens it
-    (`widen` does, layer by layer), else `dtype`."""
-    stored = stored_dtype(config)
-    return stored if stored in _WIDENED_FROM and dtype == torch.float32 else dtype
+def safetensors_dtypes(path) -> set:
+    """The dtypes (safetensors' names: `BF16`, `F32`, `I64`, ...) of the tensors in a `.safetensors` file, read from
+    its header alone."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def load_dtype(stored_dtypes: Optional[set], dtype: torch.dtype) -> torch.dtype:
+    """The dtype to load a checkpoint in for an export in `dtype`: the checkpoint's own when every floating tensor of
+    it is bf16 (or every one fp16) and the export widens it to fp32 (`widen` does, layer by layer), else `dtype`.
+    `stored_dtypes`: its tensors' dtypes (`safetensors_dtypes`), `None` when unknown."""
+    floating = {name for name in stored_dtypes or () if name.startswith(("F", "BF"))}
+    if dtype != torch.float32 or len(floating) != 1 or next(iter(floating)) not in _STORED_16_BIT:
+        return dtype
+    return _STORED_16_BIT[next(iter(floating))]
 
 
 def float32_buffers(auto_class, config, trust_remote_code: bool = False) -> dict:
