@@ -180,3 +180,49 @@ def test_edge_operators_and_dim_orders_come_from_one_retrace(skip_dim_order, cou
         assert "dim_order_ops__to_dim_order_copy" in fast.graph_module.code
     assert fast_retraces < plain_retraces if not skip_dim_order else fast_retraces <= plain_retraces
     assert "torch.ops.aten" not in alone.code.replace("torch.ops.aten.sym_size", "")
+
+
+
+def _weight_digests(programs) -> dict:
+    """sha256 of every weight of `programs` (the inner tensors of a quantized tensor subclass)."""
+    import hashlib
+
+    def leaves(tensor):
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+            return [leaf for name in tensor.__tensor_flatten__()[0] for leaf in leaves(getattr(tensor, name))]
+        return [tensor]
+
+    return {f"{method}.{name}.{i}": hashlib.sha256(leaf.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+            for method, program in programs.items() for name, tensor in {**program.state_dict, **program.constants}.items()
+            if isinstance(tensor, torch.Tensor) for i, leaf in enumerate(leaves(tensor))}  # fmt: skip
+
+
+def test_xnnpack_preprocess_copies_share_weights_that_the_lowering_leaves_unchanged(tiny_llama_dir, tmp_path, monkeypatch):
+    """Inside the lowering context the program copy handed to XNNPACK's preprocess shares its weight tensors (no
+    clone of every delegated weight) but has its own graph; ExecuTorch's deep copy is back outside the context; and
+    the weights the lowering shared are unchanged by it (an 8da4w export)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    program = torch.export.export(torch.nn.Linear(64, 64).eval(), (torch.randn(1, 64),))
+    with FAST_CONTEXT(None):
+        shared = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    cloned = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    assert shared.graph is not program.graph
+    assert all(shared.state_dict[name] is tensor for name, tensor in program.state_dict.items())
+    assert all(cloned.state_dict[name] is not tensor for name, tensor in program.state_dict.items())
+
+    lower, checked = XnnpackRecipe.lower, []
+
+    def lower_and_compare(self, programs, *args, **kwargs):
+        before = _weight_digests(programs)
+        result = lower(self, programs, *args, **kwargs)
+        after = _weight_digests(programs)
+        # The lowering moves a duplicate buffer (the rotary frequencies' second name) in or out of the dicts.
+        common = before.keys() & after.keys()
+        assert len(common) >= len(before) - 2 and all(after[name] == before[name] for name in common)
+        checked.append(len(before))
+        return result
+
+    monkeypatch.setattr(XnnpackRecipe, "lower", lower_and_compare)
+    main_export(tiny_llama_dir, tmp_path / "out", max_seq_len=32, qlinear="8da4w", qembedding="8w")
+    assert checked
