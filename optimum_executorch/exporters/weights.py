@@ -14,21 +14,17 @@ private, so such a page read again comes back from the file, the same bytes.
 """
 
 import ctypes
-import logging
 import os
 import sys
 from typing import List, Optional, Tuple
 
 import torch
 
-logger = logging.getLogger(__name__)
 
 _MADV_DONTNEED = 4
-_WIDENED_FROM = (torch.bfloat16, torch.float16)
-
-
 # safetensors' names of the floating dtypes a checkpoint can be widened from.
 _STORED_16_BIT = {"BF16": torch.bfloat16, "F16": torch.float16}
+_WIDENED_FROM = tuple(_STORED_16_BIT.values())
 
 
 def safetensors_dtypes(path) -> set:
